@@ -1,0 +1,122 @@
+"""Verification rules: which drafted tokens the verifier accepts.
+
+An acceptance rule has one method, ``accept(proposal, verifier_lprobs)``, returning for
+every row the number of leading drafted tokens accepted and the verifier's next token:
+its correction at the first rejection, or the bonus token after a fully accepted block.
+``verifier_lprobs`` (B, K+1, V) holds the verifier's log-probabilities after fairseq's
+own adjustments (pad never chosen, length constraints), position i scoring the token
+that follows the last accepted token and the first i drafted tokens.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What the drafter sends to the verifier in one iteration."""
+
+    tokens: Tensor  # (B, K) drafted tokens
+    k: Tensor  # (B,) how many of them each row sends (<= K)
+    confidence: Tensor  # (B, K) drafter confidence of each drafted token
+
+
+def leading_accepted(ok: Tensor, k: Tensor) -> Tensor:
+    """Length of the all-True prefix of ``ok`` (B, K), capped at ``k`` (B,)."""
+    positions = torch.arange(ok.size(1), device=ok.device)  # (K,)
+    ok = ok & (positions[None, :] < k[:, None])  # (B, K)
+    return ok.long().cumprod(dim=1).sum(dim=1)  # (B,)
+
+
+def next_token(verifier_lprobs: Tensor, accepted: Tensor) -> Tensor:
+    """The verifier's top-1 at position ``accepted`` of every row: (B,)."""
+    rows = torch.arange(verifier_lprobs.size(0), device=accepted.device)
+    return verifier_lprobs[rows, accepted].argmax(dim=-1)  # (B,)
+
+
+def gap_to_top1(proposal: Tensor, verifier_lprobs: Tensor, beta: int) -> Tuple[Tensor, Tensor]:
+    """Whether each draft is within the verifier's top-``beta`` and its log-probability
+    gap to the top-1: log P(top-1) - log P(draft). Both (B, K)."""
+    lprobs = verifier_lprobs[:, : proposal.size(1)]  # (B, K, V)
+    top = lprobs.topk(beta, dim=-1)  # (B, K, beta)
+    in_top = (top.indices == proposal[..., None]).any(dim=-1)  # (B, K)
+    draft_lprob = lprobs.gather(-1, proposal[..., None]).squeeze(-1)  # (B, K)
+    return in_top, top.values[..., 0] - draft_lprob
+
+
+class Exact:
+    """Accept a draft only if it is the verifier's top-1: output equals greedy."""
+
+    lossless = True
+
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
+        top1 = verifier_lprobs[:, : proposal.tokens.size(1)].argmax(dim=-1)  # (B, K)
+        accepted = leading_accepted(top1 == proposal.tokens, proposal.k)
+        return accepted, next_token(verifier_lprobs, accepted)
+
+
+class TopKGap:
+    """SpecDec's Spec-Verification (Xia et al., seed 000 eq. in III-A): accept a draft
+    within the verifier's top-beta whose log-likelihood gap to the top-1 is <= tau."""
+
+    lossless = False
+
+    def __init__(self, beta: int, tau: float):
+        if beta < 1:
+            raise ValueError(f"--spec-beta: must be >= 1, got {beta}")
+        if tau < 0:
+            raise ValueError(f"--spec-tau: must be >= 0, got {tau:g}")
+        self.beta, self.tau = beta, tau
+
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
+        in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)
+        accepted = leading_accepted(in_top & (gap <= self.tau), proposal.k)
+        return accepted, next_token(verifier_lprobs, accepted)
+
+
+def adaptive_tau(confidence: Tensor, tau_base: float, gamma: float, schedule: str) -> Tensor:
+    """CM-ASD's per-token threshold (seed 000, III-B(c)).
+
+    ``paper``: tau_t = tau_base + gamma * (1 - C_t), the paper's formula, which is
+    *more lenient* where the drafter is unsure, although the paper's text says that
+    low confidence should make verification stricter. ``confidence``: tau_t =
+    tau_base + gamma * C_t, which does what the text says.
+    """
+    if schedule == "paper":
+        return tau_base + gamma * (1.0 - confidence)
+    if schedule == "confidence":
+        return tau_base + gamma * confidence
+    raise ValueError(f"--cmasd-tau-schedule: unknown {schedule!r}; choose paper or confidence")
+
+
+class ConfidenceModulated:
+    """CM-ASD verification: top-beta inclusion and a gap within tau_t, where tau_t
+    follows the drafter's confidence in that token (``adaptive_tau``)."""
+
+    lossless = False
+
+    def __init__(self, beta: int, tau_base: float, gamma: float, schedule: str):
+        if beta < 1:
+            raise ValueError(f"--spec-beta: must be >= 1, got {beta}")
+        if tau_base < 0:
+            raise ValueError(f"--cmasd-tau-base: must be >= 0, got {tau_base:g}")
+        if gamma < 0:
+            raise ValueError(f"--cmasd-gamma: must be >= 0, got {gamma:g}")
+        adaptive_tau(torch.zeros(1), tau_base, gamma, schedule)  # validates the schedule
+        self.beta, self.tau_base, self.gamma, self.schedule = beta, tau_base, gamma, schedule
+
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
+        in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)
+        tau = adaptive_tau(proposal.confidence, self.tau_base, self.gamma, self.schedule)
+        accepted = leading_accepted(in_top & (gap <= tau), proposal.k)
+        return accepted, next_token(verifier_lprobs, accepted)
+
+
+ACCEPTANCE_RULES: Dict[str, type] = {
+    "exact": Exact,
+    "topk-gap": TopKGap,
+    "cmasd": ConfidenceModulated,
+}

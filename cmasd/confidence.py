@@ -1,0 +1,100 @@
+"""Confidence of the drafter at each drafted position (CM-ASD, seed 000, III-B(1)).
+
+Every score maps the drafter's logits z_t (..., V) to a confidence in [0, 1] (..., ),
+higher meaning more certain:
+
+- entropy:        C_ent   = 1 - H(P_t) / log|V|.  The paper defines the normalized
+  entropy H/log|V| and then writes that quantity itself into its ensemble, which would
+  reward uncertainty; cmasd uses one minus it, the confidence the text describes.
+- logit margin:   C_logit = sigmoid(beta_m * (z(1) - z(2))).  As z(1) >= z(2) this lies
+  in [0.5, 1): the paper's formula is the default; ``rescaled`` gives 2*sigmoid - 1,
+  which spans [0, 1).
+- softmax margin: C_soft  = P(1) - P(2).
+- ensemble:       C = l1*C_ent + l2*C_logit + l3*C_soft, with l_i in [0, 1], sum 1.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+
+def entropy_confidence(logits: Tensor) -> Tensor:
+    """1 - H(P) / log|V| of softmax(logits) over the last dimension."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
+    entropy = -(logp.exp() * logp).sum(-1)  # (...)
+    return (1.0 - entropy / math.log(logits.size(-1))).clamp(0.0, 1.0)
+
+
+def top2(values: Tensor) -> Tuple[Tensor, Tensor]:
+    """The largest and second largest entries along the last dimension."""
+    best = values.topk(2, dim=-1).values  # (..., 2)
+    return best[..., 0], best[..., 1]
+
+
+def logit_margin_confidence(logits: Tensor, scale: float = 1.0, rescaled: bool = False) -> Tensor:
+    """sigmoid(scale * (z(1) - z(2))), or 2*sigmoid(...) - 1 when ``rescaled``."""
+    first, second = top2(logits.float())
+    conf = torch.sigmoid(scale * (first - second))
+    return 2.0 * conf - 1.0 if rescaled else conf
+
+
+def softmax_margin_confidence(logits: Tensor) -> Tensor:
+    """P(1) - P(2) of softmax(logits)."""
+    first, second = top2(torch.softmax(logits.float(), dim=-1))
+    return first - second
+
+
+@dataclass(frozen=True)
+class ConfidenceSpec:
+    """Which score to compute, with its parameters (``--cmasd-*`` options)."""
+
+    name: str = "ensemble"
+    weights: Sequence[float] = (1 / 3, 1 / 3, 1 / 3)  # entropy, logit margin, softmax margin
+    margin_scale: float = 1.0
+    margin_rescaled: bool = False
+
+    def __post_init__(self):
+        if self.name not in CONFIDENCES:
+            raise ValueError(
+                f"--cmasd-confidence: unknown {self.name!r}; choose from {', '.join(CONFIDENCES)}"
+            )
+        if len(self.weights) != 3 or any(not 0.0 <= w <= 1.0 for w in self.weights):
+            raise ValueError(
+                f"--cmasd-weights: need three weights in [0, 1] (entropy, logit margin, "
+                f"softmax margin), got {list(self.weights)}"
+            )
+        if abs(sum(self.weights) - 1.0) > 1e-6:
+            raise ValueError(f"--cmasd-weights: weights must sum to 1, got {sum(self.weights):g}")
+        if self.margin_scale <= 0:
+            raise ValueError(f"--cmasd-margin-scale: must be > 0, got {self.margin_scale:g}")
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        """Confidence (...,) of drafter logits (..., V)."""
+        return CONFIDENCES[self.name](self, logits)
+
+
+def _ensemble(spec: ConfidenceSpec, logits: Tensor) -> Tensor:
+    l_ent, l_logit, l_soft = spec.weights
+    conf = torch.zeros(logits.shape[:-1], device=logits.device)
+    if l_ent:
+        conf = conf + l_ent * entropy_confidence(logits)
+    if l_logit:
+        conf = conf + l_logit * logit_margin_confidence(
+            logits, spec.margin_scale, spec.margin_rescaled
+        )
+    if l_soft:
+        conf = conf + l_soft * softmax_margin_confidence(logits)
+    return conf
+
+
+CONFIDENCES: Dict[str, Callable[[ConfidenceSpec, Tensor], Tensor]] = {
+    "entropy": lambda spec, logits: entropy_confidence(logits),
+    "logit-margin": lambda spec, logits: logit_margin_confidence(
+        logits, spec.margin_scale, spec.margin_rescaled
+    ),
+    "softmax-margin": lambda spec, logits: softmax_margin_confidence(logits),
+    "ensemble": _ensemble,
+}

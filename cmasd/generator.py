@@ -1,0 +1,225 @@
+"""The speculative decoding loop: draft -> confidence -> choose k -> verify -> accept.
+
+Batched: every row drafts, sends its own number of tokens, accepts its own number
+and finishes on its own; finished rows leave the batch. Returns fairseq hypotheses
+(tokens, score, positional_scores from the verifier), so ``fairseq-generate`` prints
+and scores them as it does its own.
+
+The verifier side reproduces fairseq's ``SequenceGenerator`` with ``--beam 1``: the
+same maximum length (``max_len_a * src_len + max_len_b``, capped by the model), the
+same minimum length, pad never chosen, the unknown-word penalty, and the same score
+normalisation; with the ``exact`` acceptance rule the output equals its output.
+"""
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List
+
+import torch
+from torch import Tensor
+
+from cmasd.acceptance import Proposal
+from cmasd.kv_cache import BlockScorer, VerifierCache
+from cmasd.metrics import DecodeStats
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """Everything one iteration reads and replaces, for the active rows."""
+
+    rows: Tensor  # (B,) index of each active row in the original batch
+    tokens: Tensor  # (B, capacity) accepted tokens, BOS (eos) first, pad after
+    scores: Tensor  # (B, capacity) verifier log-probability of each accepted token
+    lengths: Tensor  # (B,) accepted tokens per row, BOS included
+    steps: Tensor  # (B,) iterations per row
+    verifier: VerifierCache
+    drafter: Any  # the drafter's own cache record (``select(rows)``)
+
+    def select(self, keep: Tensor) -> "DecodeState":
+        return DecodeState(
+            rows=self.rows[keep],
+            tokens=self.tokens[keep],
+            scores=self.scores[keep],
+            lengths=self.lengths[keep],
+            steps=self.steps[keep],
+            verifier=self.verifier.select(keep),
+            drafter=self.drafter.select(keep),
+        )
+
+
+@dataclass(frozen=True)
+class LengthRules:
+    """fairseq's length constraints and scoring options for ``--beam 1``."""
+
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    min_len: int = 1
+    max_positions: int = 1024  # of the verifier's decoder
+    unk_penalty: float = 0.0
+    len_penalty: float = 1.0
+    normalize_scores: bool = True
+
+    def max_len(self, src_len: int) -> int:
+        """Most tokens before the forced eos, as SequenceGenerator computes it from
+        the batch's (padded) source length."""
+        return min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 1)
+
+
+def now(like: Tensor) -> float:
+    """Wall-clock seconds, after the device has finished queued work."""
+    if like.is_cuda:
+        torch.cuda.synchronize(like.device)
+    return time.perf_counter()
+
+
+class SpeculativeGenerator:
+    """Draft with ``drafter``, verify with ``model``; one row's loop per iteration:
+
+    1. draft k_max tokens in one drafter pass, with their confidence;
+    2. the controller picks how many (k) each row sends;
+    3. the verifier scores the last accepted token and the k drafts in one pass;
+    4. the acceptance rule keeps a prefix and adds the verifier's next token;
+    5. the verifier cache rolls back to the accepted length (free: a length).
+    """
+
+    def __init__(self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules):
+        self.model = model
+        self.drafter = drafter
+        self.scorer = BlockScorer(model.decoder)
+        self.controller = controller
+        self.acceptance = acceptance
+        self.confidence = confidence
+        self.rules = rules
+        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
+        self.block = drafter.block_size
+        self.stats = DecodeStats()
+
+    @torch.no_grad()
+    def generate(self, models, sample: Dict[str, Any], **kwargs) -> List[List[Dict[str, Tensor]]]:
+        """fairseq's generator interface: one list of one hypothesis per sentence."""
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        bsz, src_len = src_tokens.shape[:2]
+        max_len = self.rules.max_len(src_len)
+        capacity = max_len + self.block + 2
+
+        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        state = self.start(encoder_out, net_input, bsz, capacity)
+        finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
+        while state.rows.numel() > 0:
+            state, done = self.step(state, max_len)
+            for row in done.nonzero().flatten().tolist():
+                finished[int(state.rows[row])] = [self.hypothesis(state, row)]
+            if done.any():
+                state = state.select((~done).nonzero().flatten())
+        self.stats.sentences += bsz
+        return finished
+
+    def start(self, encoder_out, net_input, bsz: int, capacity: int) -> DecodeState:
+        device = net_input["src_tokens"].device
+        tokens = torch.full((bsz, capacity), self.pad, dtype=torch.long, device=device)
+        tokens[:, 0] = self.eos
+        if self.drafter.uses_own_encoder:
+            drafter_encoder_out = self.drafter.encode(net_input["src_tokens"], net_input["src_lengths"])
+        else:
+            drafter_encoder_out = encoder_out
+        return DecodeState(
+            rows=torch.arange(bsz, device=device),
+            tokens=tokens,
+            scores=torch.zeros(bsz, capacity, device=device),
+            lengths=torch.ones(bsz, dtype=torch.long, device=device),
+            steps=torch.zeros(bsz, dtype=torch.long, device=device),
+            verifier=self.scorer.start(encoder_out, capacity),
+            drafter=self.drafter.start(drafter_encoder_out, capacity),
+        )
+
+    def step(self, state: DecodeState, max_len: int):
+        """One draft/verify iteration of every active row. Returns the new state and
+        which rows just finished (B,) bool."""
+        t0 = now(state.tokens)
+        draft_logits, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths)
+        confidence = self.confidence(draft_logits)  # (B, K)
+        # Never draft past the forced eos: positions lengths .. max_len may be drafted.
+        room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
+        k = torch.minimum(self.controller.propose(confidence), room)  # (B,)
+        width = int(k.max())
+        proposal = Proposal(draft_logits[:, :width].argmax(dim=-1), k, confidence[:, :width])
+        t1 = now(state.tokens)
+
+        lprobs = self.verify(state, proposal, max_len)  # (B, width + 1, V)
+        accepted, next_token = self.acceptance.accept(proposal, lprobs)  # (B,), (B,)
+        self.controller.observe(k, accepted)
+        state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
+        t2 = now(state.tokens)
+
+        self.stats.observe(k, accepted, gained, confidence[:, : self.block].mean(dim=1))
+        self.stats.draft_seconds += t1 - t0
+        self.stats.verify_seconds += t2 - t1
+        return replace(state, drafter=drafter_state), done
+
+    def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
+        """Verifier log-probabilities after the last accepted token and each draft:
+        (B, width + 1, V), with fairseq's generation rules applied per position."""
+        bsz, width = proposal.tokens.shape
+        last = state.tokens.gather(1, (state.lengths - 1)[:, None])  # (B, 1)
+        offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
+        drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
+        block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
+        logits = self.scorer.score(state.verifier, block, state.lengths - 1)  # (B, width + 1, V)
+        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)
+
+        lprobs = lprobs.masked_fill(lprobs != lprobs, -math.inf)
+        lprobs[:, :, self.pad] = -math.inf
+        lprobs[:, :, self.unk] -= self.rules.unk_penalty
+        # fairseq's step index of the token each position predicts
+        step = (state.lengths - 1)[:, None] + offsets[None, :]  # (B, width + 1)
+        forced_eos = step >= max_len
+        eos_scores = lprobs[:, :, self.eos].clone()
+        lprobs = lprobs.masked_fill(forced_eos[..., None], -math.inf)
+        lprobs[:, :, self.eos] = torch.where(forced_eos, eos_scores, lprobs[:, :, self.eos])
+        lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(step < self.rules.min_len, -math.inf)
+        return lprobs
+
+    def append(self, state: DecodeState, proposal: Proposal, lprobs: Tensor, accepted: Tensor, next_token: Tensor):
+        """Append accepted drafts and the verifier's token; a row ends at its first eos."""
+        bsz, width = proposal.tokens.shape
+        offsets = torch.arange(width + 1, device=accepted.device)  # (width + 1,)
+        new = torch.cat([proposal.tokens, proposal.tokens.new_full((bsz, 1), self.pad)], dim=1)
+        new = new.scatter(1, accepted[:, None], next_token[:, None])  # (B, width + 1)
+        gained = accepted + 1  # (B,)
+        is_eos = (new == self.eos) & (offsets[None, :] < gained[:, None])  # (B, width + 1)
+        done = is_eos.any(dim=1)  # (B,)
+        first_eos = torch.where(done, is_eos.long().argmax(dim=1), gained - 1)
+        gained = first_eos + 1
+        valid = offsets[None, :] < gained[:, None]  # (B, width + 1)
+
+        new_scores = lprobs.gather(-1, new[..., None]).squeeze(-1)  # (B, width + 1)
+        where = state.lengths[:, None] + offsets[None, :]  # (B, width + 1)
+        tokens = state.tokens.scatter(1, where, torch.where(valid, new, self.pad))
+        scores = state.scores.scatter(1, where, torch.where(valid, new_scores, 0.0))
+        state = replace(
+            state,
+            tokens=tokens,
+            scores=scores,
+            lengths=state.lengths + gained,
+            steps=state.steps + 1,
+        )
+        return state, gained, done
+
+    def hypothesis(self, state: DecodeState, row: int) -> Dict[str, Tensor]:
+        """fairseq's hypothesis record for a finished row (tokens end with eos)."""
+        length = int(state.lengths[row])
+        tokens = state.tokens[row, 1:length]
+        positional = state.scores[row, 1:length]
+        score = positional.sum()
+        if self.rules.normalize_scores:
+            score = score / (length - 1) ** self.rules.len_penalty
+        return {
+            "tokens": tokens,
+            "score": score,
+            "attention": None,
+            "alignment": torch.empty(0),
+            "positional_scores": positional.clone(),
+            "steps": int(state.steps[row]),
+        }
