@@ -76,7 +76,8 @@ class BlockScorer:
 
         Returns (B, n, V). Rows may use fewer than n tokens: the surplus scores are
         garbage the caller ignores, and the cache entries they write lie past the
-        row's length (overwritten later).
+        row's length (overwritten later). The cache must hold ``start + n``
+        positions for every row, padded ones included.
         """
         bsz, n = tokens.shape
         offsets = torch.arange(n, device=tokens.device)
@@ -84,6 +85,8 @@ class BlockScorer:
         x = embed(self.decoder, tokens, index + self.padding_idx + 1)  # (B, n, C)
 
         used = int(index.max()) + 1
+        if used > cache.keys[0].size(2):
+            raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.keys[0].size(2)}")
         key_pos = torch.arange(used, device=tokens.device)
         mask = (key_pos[None, None, :] <= index[:, :, None])[:, None]  # (B, 1, n, used)
         write = index[:, None, :, None]  # (B, 1, n, 1)

@@ -11,9 +11,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from fairseq import checkpoint_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from cmasd.acceptance import ACCEPTANCE_RULES
+from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.confidence import CONFIDENCES, ConfidenceSpec
 from cmasd.controllers import CONTROLLERS
 from cmasd.generator import LengthRules, SpeculativeGenerator
@@ -114,6 +116,22 @@ def build_parts(cfg: SpeculativeDecodingConfig, block: int):
             cfg.spec_beta, cfg.cmasd_tau_base, cfg.cmasd_gamma, cfg.cmasd_tau_schedule
         )
     return controller, acceptance, confidence
+
+
+def load_drafter(path: str, task, like=None):
+    """Load a Spec-Drafter checkpoint for ``task`` (the verifier's task), in eval mode,
+    on the device and dtype of the tensor ``like`` (e.g. a verifier parameter)."""
+    require_checkpoint(path, "--drafter-path")
+    allow_fairseq_checkpoints()
+    models, _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    drafter = models[0]
+    if not hasattr(drafter, "draft"):
+        raise ValueError(
+            f"--drafter-path {path}: not a Spec-Drafter checkpoint (it holds a {type(drafter).__name__})"
+        )
+    if like is not None:
+        drafter = drafter.to(like)
+    return drafter.eval()
 
 
 def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: SpeculativeDecodingConfig, log_stats=True):

@@ -1,0 +1,101 @@
+"""The verifier's block scoring against fairseq's own incremental decoding."""
+
+import argparse
+import types
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.models.transformer import TransformerModel, base_architecture
+
+from cmasd.kv_cache import BlockScorer
+
+
+def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50):
+    dictionary = Dictionary()
+    for i in range(vocab):
+        dictionary.add_symbol(f"w{i}")
+    args = argparse.Namespace(
+        encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+        encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
+        encoder_attention_heads=4, decoder_attention_heads=4,
+        share_all_embeddings=True, encoder_normalize_before=normalize_before,
+        decoder_normalize_before=normalize_before, encoder_learned_pos=learned_pos,
+        decoder_learned_pos=learned_pos, max_source_positions=64, max_target_positions=64,
+    )
+    base_architecture(args)
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    torch.manual_seed(0)
+    return TransformerModel.build_model(args, task).eval(), dictionary
+
+
+def incremental_logits(model, encoder_out, tokens):
+    """fairseq's incremental decoding, one token per step: (B, T, V)."""
+    state = {}
+    steps = []
+    for t in range(tokens.size(1)):
+        logits, _ = model.decoder(tokens[:, : t + 1], encoder_out=encoder_out, incremental_state=state)
+        steps.append(logits[:, -1])
+    return torch.stack(steps, dim=1)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("learned_pos", [False, True])
+def test_ragged_blocks_equal_incremental_decoding(normalize_before, learned_pos):
+    model, dictionary = tiny_transformer(normalize_before, learned_pos)
+    pad = dictionary.pad()
+    torch.manual_seed(1)
+    bsz, src_len, tgt_len = 3, 7, 10
+    src = torch.randint(4, len(dictionary), (bsz, src_len))
+    src[0, :3] = pad  # fairseq left-pads sources
+    src_lengths = src.ne(pad).sum(1)
+    tgt = torch.randint(4, len(dictionary), (bsz, tgt_len))
+    tgt[:, 0] = dictionary.eos()
+    chunks = [[2, 3, 5], [1, 1, 8], [6, 4, 0]]  # tokens fed per call, per row
+
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=src_lengths)
+        expected = incremental_logits(model, encoder_out, tgt)  # (B, T, V)
+        scorer = BlockScorer(model.decoder)
+        cache = scorer.start(encoder_out, capacity=tgt_len + 8)  # room for padded slots
+        got = torch.zeros_like(expected)
+        start = torch.zeros(bsz, dtype=torch.long)
+        for call in range(3):
+            sizes = torch.tensor([row[call] for row in chunks])
+            width = int(sizes.max())
+            block = torch.full((bsz, width), pad)
+            for b in range(bsz):
+                block[b, : sizes[b]] = tgt[b, start[b] : start[b] + sizes[b]]
+            logits = scorer.score(cache, block, start)  # (B, width, V)
+            for b in range(bsz):
+                got[b, start[b] : start[b] + sizes[b]] = logits[b, : sizes[b]]
+            start = start + sizes
+
+    assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_rollback_is_setting_the_length():
+    """Rejected tokens leave entries past the kept prefix; rescoring other tokens at
+    those positions must give the scores of a cache that never saw them."""
+    model, dictionary = tiny_transformer(False, False)
+    torch.manual_seed(2)
+    src = torch.randint(4, len(dictionary), (2, 5))
+    prefix = torch.randint(4, len(dictionary), (2, 6))
+    prefix[:, 0] = dictionary.eos()
+    rejected = torch.randint(4, len(dictionary), (2, 4))
+    kept = torch.randint(4, len(dictionary), (2, 4))
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=torch.tensor([5, 5]))
+        scorer = BlockScorer(model.decoder)
+        zero = torch.zeros(2, dtype=torch.long)
+
+        cache = scorer.start(encoder_out, capacity=16)
+        scorer.score(cache, prefix, zero)
+        scorer.score(cache, rejected, zero + 6)  # then rolled back to length 6
+        after_rollback = scorer.score(cache, kept, zero + 6)
+
+        fresh = scorer.start(encoder_out, capacity=16)
+        scorer.score(fresh, prefix, zero)
+        expected = scorer.score(fresh, kept, zero + 6)
+    assert torch.allclose(after_rollback, expected, atol=1e-5)
