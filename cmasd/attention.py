@@ -59,15 +59,25 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(bsz, length, heads * dim)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    dropout: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tensor:
     """Scaled dot-product attention as fairseq computes it.
 
     q: (B, H, Tq, d), already multiplied by the module's scaling;
     k, v: (B, H, Tk, d); mask: (B, 1, Tq, Tk) bool. Returns (B, H, Tq, d).
+    ``dropout`` (the attention module's own ``dropout_module``, identity in eval
+    mode) is applied to the attention probabilities, as fairseq does.
     """
     weights = torch.matmul(q, k.transpose(-1, -2))  # (B, H, Tq, Tk)
     weights = weights.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(weights.float(), dim=-1).type_as(weights)  # (B, H, Tq, Tk)
+    if dropout is not None:
+        probs = dropout(probs)
     return torch.matmul(probs, v)  # (B, H, Tq, d)
 
 
@@ -91,11 +101,14 @@ def decoder_layer(
     cross: Optional[Tuple[Tensor, Tensor]],
     cross_mask: Optional[Tensor],
 ) -> Tensor:
-    """One fairseq ``TransformerDecoderLayer`` in eval mode (no dropout).
+    """One fairseq ``TransformerDecoderLayer``.
 
     x: (B, T, C). ``self_keys(index, k_new, v_new)`` returns the keys, values and
     mask for self-attention; ``cross`` the encoder keys/values of this layer with
-    ``cross_mask`` (B, 1, 1, S).
+    ``cross_mask`` (B, 1, 1, S). Dropout runs through the layer's own
+    ``FairseqDropout`` modules at fairseq's places, so it is active only in
+    training mode (the drafter trains through this function); in eval mode the
+    result is fairseq's incremental-decoding arithmetic.
     """
     attn = layer.self_attn
     residual = x
@@ -105,8 +118,8 @@ def decoder_layer(
     k_new = split_heads(attn.k_proj(x), attn.num_heads)  # (B, H, T, d)
     v_new = split_heads(attn.v_proj(x), attn.num_heads)  # (B, H, T, d)
     keys, values, mask = self_keys(index, k_new, v_new)
-    x = attn.out_proj(merge_heads(attend(q, keys, values, mask)))  # (B, T, C)
-    x = residual + x
+    x = attn.out_proj(merge_heads(attend(q, keys, values, mask, attn.dropout_module)))  # (B, T, C)
+    x = residual + layer.dropout_module(x)
     if not layer.normalize_before:
         x = layer.self_attn_layer_norm(x)
 
@@ -116,16 +129,17 @@ def decoder_layer(
             x = layer.encoder_attn_layer_norm(x)
         enc = layer.encoder_attn
         q = split_heads(enc.q_proj(x) * enc.scaling, enc.num_heads)  # (B, H, T, d)
-        x = enc.out_proj(merge_heads(attend(q, cross[0], cross[1], cross_mask)))
-        x = residual + x
+        x = enc.out_proj(merge_heads(attend(q, cross[0], cross[1], cross_mask, enc.dropout_module)))
+        x = residual + layer.dropout_module(x)
         if not layer.normalize_before:
             x = layer.encoder_attn_layer_norm(x)
 
     residual = x
     if layer.normalize_before:
         x = layer.final_layer_norm(x)
-    x = layer.fc2(layer.activation_fn(layer.fc1(x)))  # (B, T, C)
-    x = residual + x
+    x = layer.activation_dropout_module(layer.activation_fn(layer.fc1(x)))  # (B, T, F)
+    x = layer.fc2(x)  # (B, T, C)
+    x = residual + layer.dropout_module(x)
     if not layer.normalize_before:
         x = layer.final_layer_norm(x)
     return x
@@ -147,7 +161,13 @@ def position_embeddings(embed_positions, positions: Tensor, like: Tensor) -> Ten
 
 def embed(decoder, tokens: Tensor, positions: Tensor) -> Tensor:
     """fairseq's decoder input embedding of tokens (B, T) at explicit positions."""
-    x = decoder.embed_scale * decoder.embed_tokens(tokens)  # (B, T, C)
+    return embed_vectors(decoder, decoder.embed_tokens(tokens), positions)
+
+
+def embed_vectors(decoder, vectors: Tensor, positions: Tensor) -> Tensor:
+    """``embed`` for input vectors (B, T, C_in) already looked up (e.g. the drafter's
+    learned mask vector in place of a token embedding)."""
+    x = decoder.embed_scale * vectors  # (B, T, C)
     if getattr(decoder, "project_in_dim", None) is not None:
         x = decoder.project_in_dim(x)
     if decoder.embed_positions is not None:
@@ -166,8 +186,25 @@ def run_layers(
 ) -> Tensor:
     """All decoder layers, the final layer norm and the output projection:
     x (B, T, C) -> logits (B, T, V)."""
+    return output_logits(decoder, decoder_states(decoder, x, self_keys, cross, cross_mask))
+
+
+def decoder_states(
+    decoder,
+    x: Tensor,
+    self_keys: SelfKeys,
+    cross: List[Tuple[Tensor, Tensor]],
+    cross_mask: Optional[Tensor],
+) -> Tensor:
+    """All decoder layers, without the output head: x (B, T, C) -> (B, T, C)."""
     for index, layer in enumerate(decoder.layers):
         x = decoder_layer(layer, index, x, self_keys, cross[index], cross_mask)
+    return x
+
+
+def output_logits(decoder, x: Tensor) -> Tensor:
+    """The final layer norm and the output projection: (B, T, C) -> logits (B, T, V).
+    Lets a caller project only the positions it reads (e.g. the drafter's slots)."""
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
     if decoder.project_out_dim is not None:

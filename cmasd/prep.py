@@ -1,0 +1,538 @@
+"""Text preparation helpers for the cmasd data-prep scripts.
+
+A small command-line tool (``python -m cmasd.prep SUBCOMMAND`` or the
+``cmasd-prep`` console script) that needs only the standard library and
+``sentencepiece``.  The shell recipes under ``data-prep/`` call it for every
+step that touches text, so that the same rules apply to every corpus:
+
+``normalize IN OUT``
+    Strip each line and collapse internal whitespace runs to one space.
+    Nothing else is changed (no Unicode normalization): the output stays the
+    text as published and serves as the sacreBLEU / ROUGE reference.  One
+    output line per input line, always.  ``.gz`` input is read transparently.
+``spm-train --input A,B --prefix P --vocab-size N``
+    Train a joint sentencepiece model (``P.model``, ``P.vocab``) and write the
+    matching fairseq dictionary ``P.dict.txt``.
+``spm-encode --model M IN OUT`` / ``spm-decode --model M IN OUT``
+    Text to space-separated pieces and back, one line per line.
+``cnndm-split IN.jsonl OUTPREFIX``
+    CNN/DailyMail jsonl (``article``, ``refs``) to ``.src``/``.tgt``/``.refs.jsonl``.
+``clean-corpus``, ``sgm-extract``, ``refs-jsonl``, ``count-bin``
+    Length/ratio filtering of a parallel corpus (as Moses' clean-corpus-n),
+    WMT SGML to plain text, references to JSON lists, and sentence counts of
+    binarized fairseq splits.
+
+Errors are reported as one line, ``cmasd-prep: error: ...``, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import itertools
+import json
+import os
+import re
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TextIO
+
+PROG = "cmasd-prep"
+SPM_SPECIALS = ("<unk>", "<s>", "</s>")
+DICT_COUNT = 100
+ENCODE_BATCH = 10000
+SPM_TRAIN_THREADS = 16
+_WHITESPACE = re.compile(r"\s+")
+_SGM_SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
+
+
+class PrepError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+# --------------------------------------------------------------------------- io
+
+
+def _require_file(path: str, what: str = "input file") -> None:
+    """Raise PrepError unless ``path`` is an existing regular file."""
+    if not os.path.isfile(path):
+        raise PrepError(f"{what} not found: {path}")
+
+
+def open_text(path: str, errors: str = "strict") -> TextIO:
+    """Open a UTF-8 text file for reading, gunzipping it when it is gzipped.
+
+    Lines end at LF only (a stray CR inside a line does not split it),
+    and a leading byte-order mark is dropped.
+    """
+    _require_file(path)
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    if gzipped:
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors=errors, newline="\n")
+    return open(path, encoding="utf-8-sig", errors=errors, newline="\n")
+
+
+def read_lines(path: str, errors: str = "strict") -> Iterator[str]:
+    """Yield the lines of ``path`` without their line terminator."""
+    with open_text(path, errors) as handle:
+        lineno = 0
+        try:
+            for line in handle:
+                lineno += 1
+                yield line.rstrip("\n")
+        except UnicodeDecodeError as exc:
+            raise PrepError(
+                f"{path}: invalid UTF-8 near line {lineno + 1} ({exc.reason}); "
+                "normalize --errors replace accepts such input"
+            ) from None
+        except (OSError, EOFError) as exc:
+            raise PrepError(f"{path}: cannot read after line {lineno}: {exc}") from None
+
+
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[TextIO]:
+    """Write a UTF-8 text file under a temporary name, renamed on success.
+
+    An interrupted run never leaves a truncated ``path`` behind.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_lines(path: str, lines: Iterable[str]) -> int:
+    """Write ``lines`` (without terminators) to ``path``; return the count."""
+    count = 0
+    with atomic_output(path) as out:
+        for line in lines:
+            out.write(line)
+            out.write("\n")
+            count += 1
+    return count
+
+
+def info(message: str) -> None:
+    """Print a progress message on stderr."""
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ normalize
+
+
+def normalize_line(line: str) -> str:
+    """Strip ``line`` and collapse every internal whitespace run to one space."""
+    return _WHITESPACE.sub(" ", line.strip())
+
+
+def cmd_normalize(args: argparse.Namespace) -> None:
+    """``normalize IN OUT``."""
+    lines = (normalize_line(line) for line in read_lines(args.input, args.errors))
+    count = write_lines(args.output, lines)
+    info(f"normalize: {count} lines -> {args.output}")
+
+
+# --------------------------------------------------------------- sentencepiece
+
+
+def _import_spm():
+    """Import sentencepiece, or fail with a clear message."""
+    try:
+        import sentencepiece
+    except ImportError:
+        raise PrepError(
+            "the sentencepiece package is not installed (pip install sentencepiece)"
+        ) from None
+    return sentencepiece
+
+
+def load_spm(model_path: str):
+    """Load a sentencepiece model file."""
+    _require_file(model_path, "sentencepiece model")
+    spm = _import_spm()
+    try:
+        return spm.SentencePieceProcessor(model_file=model_path)
+    except (OSError, RuntimeError) as exc:
+        raise PrepError(
+            f"cannot load sentencepiece model {model_path}: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """Return the first line of an exception message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def write_fairseq_dict(vocab_path: str, dict_path: str) -> int:
+    """Write a fairseq dictionary from a sentencepiece ``.vocab`` file.
+
+    The first three vocabulary entries (``<unk>``, ``<s>``, ``</s>``) are
+    fairseq's own specials and are left out; every other piece gets the
+    dummy count 100.  Returns the number of pieces written.
+    """
+    pieces = [line.split("\t", 1)[0] for line in read_lines(vocab_path)]
+    if tuple(pieces[: len(SPM_SPECIALS)]) != SPM_SPECIALS:
+        raise PrepError(
+            f"{vocab_path}: expected the first pieces to be {' '.join(SPM_SPECIALS)}, "
+            f"found {' '.join(pieces[:3])}"
+        )
+    return write_lines(
+        dict_path, (f"{piece} {DICT_COUNT}" for piece in pieces[len(SPM_SPECIALS) :])
+    )
+
+
+def cmd_spm_train(args: argparse.Namespace) -> None:
+    """``spm-train --input a,b --prefix P --vocab-size N``."""
+    inputs = [path for path in args.input.split(",") if path]
+    if not inputs:
+        raise PrepError("--input needs at least one file")
+    for path in inputs:
+        _require_file(path, "training file")
+    if args.vocab_size < 1:
+        raise PrepError(f"bad vocab size {args.vocab_size}: must be a positive integer")
+    spm = _import_spm()
+    spm.set_random_generator_seed(args.seed)
+    prefix_dir = os.path.dirname(os.path.abspath(args.prefix))
+    os.makedirs(prefix_dir, exist_ok=True)
+    info(f"spm-train: {args.model_type}, vocab {args.vocab_size}, on {', '.join(inputs)}")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=inputs,
+            model_prefix=args.prefix,
+            vocab_size=args.vocab_size,
+            model_type=args.model_type,
+            character_coverage=1.0,
+            input_sentence_size=args.input_sentence_size,
+            shuffle_input_sentence=True,
+            max_sentence_length=args.max_sentence_length,
+            unk_id=0,
+            bos_id=1,
+            eos_id=2,
+            pad_id=-1,
+            num_threads=args.threads,
+            minloglevel=1,
+        )
+    except (RuntimeError, OSError) as exc:
+        message = _first_line(exc)
+        match = re.search(r"Vocabulary size (is )?too high.*", str(exc))
+        if match:
+            message = f"bad vocab size {args.vocab_size}: {match.group(0)}"
+        raise PrepError(f"sentencepiece training failed: {message}") from None
+    count = write_fairseq_dict(f"{args.prefix}.vocab", f"{args.prefix}.dict.txt")
+    outputs = ", ".join(f"{args.prefix}.{ext}" for ext in ("model", "vocab", "dict.txt"))
+    info(f"spm-train: wrote {outputs} ({count} pieces)")
+
+
+def _batches(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """Group ``lines`` into lists of at most ``size`` items."""
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def encode_lines(sp, lines: Iterable[str], max_tokens: int | None, threads: int) -> Iterator[str]:
+    """Encode lines to space-joined pieces, keeping at most ``max_tokens`` pieces."""
+    for batch in _batches((line.strip() for line in lines), ENCODE_BATCH):
+        for pieces in sp.encode(batch, out_type=str, num_threads=threads):
+            if max_tokens is not None:
+                pieces = pieces[:max_tokens]
+            yield " ".join(pieces)
+
+
+def cmd_spm_encode(args: argparse.Namespace) -> None:
+    """``spm-encode --model M IN OUT``."""
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise PrepError(f"bad --max-tokens {args.max_tokens}: must be a positive integer")
+    sp = load_spm(args.model)
+    lines = read_lines(args.input)
+    count = write_lines(args.output, encode_lines(sp, lines, args.max_tokens, args.threads))
+    suffix = f" (truncated to {args.max_tokens} pieces)" if args.max_tokens else ""
+    info(f"spm-encode: {count} lines -> {args.output}{suffix}")
+
+
+def cmd_spm_decode(args: argparse.Namespace) -> None:
+    """``spm-decode --model M IN OUT``."""
+    sp = load_spm(args.model)
+    decoded = (sp.decode(line.split()) for line in read_lines(args.input))
+    count = write_lines(args.output, decoded)
+    info(f"spm-decode: {count} lines -> {args.output}")
+
+
+# ---------------------------------------------------------------------- cnndm
+
+
+def read_cnndm(path: str) -> Iterator[dict]:
+    """Yield the records of a CNN/DailyMail jsonl file, checking their fields."""
+    for lineno, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PrepError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        refs = record.get("refs") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or not isinstance(record.get("article"), str):
+            raise PrepError(f"{path}:{lineno}: missing string field 'article'")
+        if not isinstance(refs, list) or not refs or not all(isinstance(r, str) for r in refs):
+            raise PrepError(f"{path}:{lineno}: field 'refs' must be a non-empty list of strings")
+        yield record
+
+
+def cmd_cnndm_split(args: argparse.Namespace) -> None:
+    """``cnndm-split IN.jsonl OUTPREFIX``: write .src, .tgt and .refs.jsonl."""
+    records = list(read_cnndm(args.input))
+    prefix = args.outprefix
+    write_lines(f"{prefix}.src", (normalize_line(r["article"]) for r in records))
+    write_lines(f"{prefix}.tgt", (normalize_line(r["refs"][0]) for r in records))
+    write_lines(
+        f"{prefix}.refs.jsonl", (json.dumps(r["refs"], ensure_ascii=False) for r in records)
+    )
+    info(f"cnndm-split: {len(records)} articles -> {prefix}.src, {prefix}.tgt, {prefix}.refs.jsonl")
+
+
+def cmd_refs_jsonl(args: argparse.Namespace) -> None:
+    """``refs-jsonl IN OUT``: one single-reference JSON list per line."""
+    lines = (json.dumps([line], ensure_ascii=False) for line in read_lines(args.input))
+    count = write_lines(args.output, lines)
+    info(f"refs-jsonl: {count} lines -> {args.output}")
+
+
+# ------------------------------------------------------------- parallel text
+
+
+def keep_pair(src: str, tgt: str, ratio: float, min_tokens: int, max_tokens: int) -> bool:
+    """Moses clean-corpus-n rule: both sides in [min, max] tokens, length ratio <= ratio."""
+    n_src, n_tgt = len(src.split()), len(tgt.split())
+    if n_src == 0 or n_tgt == 0:
+        return False
+    if not (min_tokens <= n_src <= max_tokens and min_tokens <= n_tgt <= max_tokens):
+        return False
+    return n_src / n_tgt <= ratio and n_tgt / n_src <= ratio
+
+
+def cmd_clean_corpus(args: argparse.Namespace) -> None:
+    """``clean-corpus SRC TGT OUT_SRC OUT_TGT``: length and ratio filtering (streaming)."""
+    missing = object()
+    total = kept = 0
+    with atomic_output(args.out_src) as out_src, atomic_output(args.out_tgt) as out_tgt:
+        pairs = itertools.zip_longest(read_lines(args.src), read_lines(args.tgt), fillvalue=missing)
+        for src, tgt in pairs:
+            if src is missing or tgt is missing:
+                raise PrepError(f"{args.src} and {args.tgt} differ in length (after {total} pairs)")
+            total += 1
+            if keep_pair(src, tgt, args.ratio, args.min_tokens, args.max_tokens):
+                out_src.write(src + "\n")
+                out_tgt.write(tgt + "\n")
+                kept += 1
+    info(
+        f"clean-corpus: kept {kept} of {total} pairs "
+        f"(tokens {args.min_tokens}-{args.max_tokens}, ratio <= {args.ratio})"
+    )
+
+
+def cmd_sgm_extract(args: argparse.Namespace) -> None:
+    """``sgm-extract IN OUT``: the ``<seg>`` contents of a WMT SGML file.
+
+    Same rule as sacreBLEU's reader (entities are left as they are), so the
+    output matches sacreBLEU's own references for the test set.
+    """
+    segments = []
+    for line in read_lines(args.input):
+        match = _SGM_SEG.search(line)
+        if match:
+            segments.append(normalize_line(match.group(1)))
+    if not segments:
+        raise PrepError(f"{args.input}: no <seg> lines found")
+    write_lines(args.output, segments)
+    info(f"sgm-extract: {len(segments)} segments -> {args.output}")
+
+
+# ------------------------------------------------------------- fairseq binaries
+
+_MMAP_MAGIC = b"MMIDIDX\x00\x00"
+
+
+def count_bin(idx_path: str) -> tuple:
+    """(sentences, tokens) of a fairseq mmap-binarized split, from its .idx file."""
+    _require_file(idx_path, "index file")
+    with open(idx_path, "rb") as handle:
+        if handle.read(len(_MMAP_MAGIC)) != _MMAP_MAGIC:
+            raise PrepError(f"{idx_path}: not a fairseq mmap index (.idx) file")
+        handle.read(8 + 1)  # version (<Q) and dtype code (<B)
+        (n_sentences,) = struct.unpack("<Q", handle.read(8))
+        sizes = array("i")
+        sizes.frombytes(handle.read(4 * n_sentences))
+    if sys.byteorder != "little":
+        sizes.byteswap()
+    return n_sentences, sum(sizes)
+
+
+def cmd_count_bin(args: argparse.Namespace) -> None:
+    """``count-bin IDX...``: print ``name<TAB>sentences<TAB>tokens`` per file."""
+    for path in args.index:
+        n_sentences, n_tokens = count_bin(path)
+        name = os.path.basename(path)
+        if name.endswith(".idx"):
+            name = name[: -len(".idx")]
+        print(f"{name}\t{n_sentences}\t{n_tokens}")
+
+
+# ------------------------------------------------------------------------ cli
+
+
+def _int_arg(text: str) -> int:
+    """Parse an integer option, with a short error message."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors are one ``cmasd-prep: error:`` line."""
+
+    def error(self, message: str):
+        """Print one line and exit with status 2 (argparse's convention)."""
+        where = self.prog[len(PROG) :].strip()
+        hint = f"see {self.prog} --help"
+        prefix = f"{where}: " if where else ""
+        self.exit(2, f"{PROG}: error: {prefix}{message} ({hint})\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argparse parser, one subparser per subcommand."""
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", parser_class=_Parser)
+    sub.required = True
+    threads = os.cpu_count() or 1
+
+    p = sub.add_parser("normalize", help="strip lines and collapse whitespace (reads .gz too)")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.add_argument(
+        "--errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="invalid UTF-8: fail (default) or replace with U+FFFD",
+    )
+    p.set_defaults(func=cmd_normalize)
+
+    p = sub.add_parser("spm-train", help="train a joint sentencepiece model and its fairseq dict")
+    p.add_argument("--input", required=True, help="comma-separated training text files")
+    p.add_argument(
+        "--prefix", required=True, help="writes PREFIX.model, PREFIX.vocab, PREFIX.dict.txt"
+    )
+    p.add_argument("--vocab-size", required=True, type=_int_arg)
+    p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe", "char", "word"))
+    p.add_argument(
+        "--input-sentence-size",
+        type=_int_arg,
+        default=1000000,
+        help="sentences sampled for training (default 1000000)",
+    )
+    p.add_argument(
+        "--max-sentence-length",
+        type=_int_arg,
+        default=4192,
+        help="longer lines (bytes) are skipped in training (default 4192)",
+    )
+    p.add_argument("--seed", type=_int_arg, default=1, help="sampling seed (default 1)")
+    p.add_argument(
+        "--threads",
+        type=_int_arg,
+        default=SPM_TRAIN_THREADS,
+        help=f"training threads (default {SPM_TRAIN_THREADS}, sentencepiece's own "
+        "default: the model learned depends on it; keep it fixed for reproducibility)",
+    )
+    p.set_defaults(func=cmd_spm_train)
+
+    p = sub.add_parser("spm-encode", help="text -> space-separated pieces, line by line")
+    p.add_argument("--model", required=True)
+    p.add_argument(
+        "--max-tokens", type=_int_arg, default=None, help="keep at most N pieces per line"
+    )
+    p.add_argument("--threads", type=_int_arg, default=threads)
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_spm_encode)
+
+    p = sub.add_parser("spm-decode", help="space-separated pieces -> text, line by line")
+    p.add_argument("--model", required=True)
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_spm_decode)
+
+    p = sub.add_parser("cnndm-split", help="CNN/DM jsonl -> OUTPREFIX.src/.tgt/.refs.jsonl")
+    p.add_argument("input", metavar="IN.jsonl")
+    p.add_argument("outprefix", metavar="OUTPREFIX")
+    p.set_defaults(func=cmd_cnndm_split)
+
+    p = sub.add_parser("refs-jsonl", help="one reference per line -> one JSON list per line")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_refs_jsonl)
+
+    p = sub.add_parser(
+        "clean-corpus", help="drop pairs by length and length ratio (clean-corpus-n)"
+    )
+    p.add_argument("--ratio", type=float, default=1.5)
+    p.add_argument("--min-tokens", type=_int_arg, default=1)
+    p.add_argument("--max-tokens", type=_int_arg, default=250)
+    p.add_argument("src", metavar="SRC")
+    p.add_argument("tgt", metavar="TGT")
+    p.add_argument("out_src", metavar="OUT_SRC")
+    p.add_argument("out_tgt", metavar="OUT_TGT")
+    p.set_defaults(func=cmd_clean_corpus)
+
+    p = sub.add_parser("sgm-extract", help="WMT .sgm -> one segment per line")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_sgm_extract)
+
+    p = sub.add_parser("count-bin", help="sentences and tokens of fairseq .idx files")
+    p.add_argument("index", metavar="IDX", nargs="+")
+    p.set_defaults(func=cmd_count_bin)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except PrepError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"{PROG}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cli_main() -> None:
+    """Console-script entry point (``cmasd-prep``)."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli_main()

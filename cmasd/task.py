@@ -1,0 +1,133 @@
+"""The ``translation_speculative`` task: fairseq's translation task, plus
+
+* drafter training data: every target gets ``--drafter-cuts`` cut points, the places
+  where the Spec-Drafter (``cmasd.drafter``) is asked to draft a block;
+* speculative generation: with ``--drafter-path``, ``build_generator`` returns
+  ``cmasd.generator.SpeculativeGenerator`` (options in ``cmasd.options``), so that
+  ``fairseq-generate`` decodes speculatively; without it, fairseq's own generator.
+
+Registered in ``fairseq_plugins/tasks.py``; nothing is registered here.
+
+Cut points and block labels. For a target ``y_1 .. y_n`` (``y_n`` = eos; ``y_0`` = eos
+as BOS, so the teacher-forced input is ``y_0 .. y_{n-1}``), a cut point ``c`` in
+``1 .. n`` means: the prefix is ``y_0 .. y_{c-1}`` and the block predicts the sequence
+indices ``c .. c + k_max - 1``. Block positions past the end of the target read past
+the eos: the first of them is the target's own eos (so a block learns to stop), every
+later one is pad and is ignored by the loss. Decoding reads the same way: a row ends
+at its first accepted eos, so slots after a drafted eos are never used.
+
+Training draws the cut points uniformly from ``1 .. n`` (without replacement when
+``n >= cuts``), anew every epoch, from a generator seeded by (``--seed``, epoch,
+example index): reproducible, independent of batching and of data-loader workers.
+Other splits use fixed, evenly spread cut points ``1 + floor(g * n / cuts)``,
+``g = 0 .. cuts-1``, so validation figures compare across epochs and runs.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from fairseq.data import BaseWrapperDataset
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
+
+from cmasd.drafter import SpecDrafterModel
+from cmasd.options import SpeculativeDecodingConfig, build_speculative_generator, load_drafter
+
+
+def random_cuts(length: int, cuts: int, seed: int, epoch: int, index: int) -> np.ndarray:
+    """``cuts`` cut points in ``1 .. length``, drawn for (seed, epoch, index)."""
+    rng = np.random.default_rng([seed, epoch, index])
+    return rng.choice(length, size=cuts, replace=length < cuts) + 1
+
+
+def fixed_cuts(length: int, cuts: int) -> np.ndarray:
+    """``cuts`` evenly spread cut points in ``1 .. length`` (the first is 1)."""
+    return 1 + (np.arange(cuts) * length) // cuts
+
+
+class BlockCutDataset(BaseWrapperDataset):
+    """Adds ``block_starts`` (B, cuts) to each batch of a ``LanguagePairDataset``: the
+    cut points of the rows' targets, in the batch's (sorted) row order. The key sits at
+    the top level of the sample, beside ``net_input``, so that stock generators and
+    criteria never see it."""
+
+    def __init__(self, dataset, cuts: int, seed: int, random: bool):
+        super().__init__(dataset)
+        self.cuts = cuts
+        self.seed = seed
+        self.random = random
+        self.epoch = 1
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        super().set_epoch(epoch)
+
+    def __getitem__(self, index):
+        item = self.dataset[index]
+        if item.get("target") is not None:
+            length = len(item["target"])  # eos included
+            if self.random:
+                starts = random_cuts(length, self.cuts, self.seed, self.epoch, index)
+            else:
+                starts = fixed_cuts(length, self.cuts)
+            item["block_starts"] = torch.from_numpy(starts).long()  # (cuts,)
+        return item
+
+    def collater(self, samples):
+        batch = self.dataset.collater(samples)
+        if not batch or not samples or "block_starts" not in samples[0]:
+            return batch
+        by_id = {int(s["id"]): s["block_starts"] for s in samples}
+        batch["block_starts"] = torch.stack([by_id[int(i)] for i in batch["id"]])  # (B, cuts)
+        return batch
+
+
+@dataclass
+class TranslationSpeculativeConfig(TranslationConfig, SpeculativeDecodingConfig):
+    drafter_cuts: int = field(
+        default=4,
+        metadata={
+            "help": "drafter training: cut points per target, each the start of one drafted "
+            "block, all scored in one pass (0: no cut points, e.g. for generation only)"
+        },
+    )
+    seed: int = II("common.seed")
+
+
+class TranslationSpeculativeTask(TranslationTask):
+    """Translation with Spec-Drafter training data and speculative generation."""
+
+    cfg: TranslationSpeculativeConfig
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        if self.cfg.drafter_cuts > 0:
+            self.datasets[split] = BlockCutDataset(
+                self.datasets[split],
+                self.cfg.drafter_cuts,
+                self.cfg.seed,
+                random=split == self.cfg.train_subset,
+            )
+
+    def build_model(self, cfg, from_checkpoint=False):
+        """fairseq builds dataclass models from a merged *copy* of ``cfg``; a drafter
+        records the verifier's architecture in that copy while building, and it is
+        copied back here into ``cfg``, the object fairseq-train saves in checkpoints,
+        so that a trained drafter loads without its verifier file."""
+        model = super().build_model(cfg, from_checkpoint)
+        if isinstance(model, SpecDrafterModel) and not cfg.verifier_arch:
+            cfg.verifier_arch = model.cfg.verifier_arch
+        return model
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        """The speculative generator when ``--drafter-path`` is given (verifier =
+        ``models[0]``, checked against ``args``, fairseq's generation options), else
+        fairseq's own, as ``tasks/translation_lev.py`` plugs in its generator."""
+        if not self.cfg.drafter_path:
+            return super().build_generator(
+                models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
+            )
+        like = next(models[0].parameters())
+        drafter = load_drafter(self.cfg.drafter_path, self, like=like)
+        return build_speculative_generator(models, drafter, self.target_dictionary, args, self.cfg)

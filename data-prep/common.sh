@@ -1,0 +1,424 @@
+# shellcheck shell=bash
+# Helpers shared by the cmasd data-prep recipes.  Source it, do not run it:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+#
+# Provides
+#   CMASD_ROOT                repository root (resolved from this file's location)
+#   PY                        python: $CMASD_PYTHON, else <root>/.venv/bin/python, else python3
+#   PREP                      array: "$PY" <root>/cmasd/prep.py (the cmasd-prep tool, run as a
+#                             file so that the package's __init__ is never imported)
+#   log MSG...                progress on stderr, "[cmasd prep] MSG"
+#   die MSG...                error on stderr, exit 1
+#   fairseq_tool NAME         command (array FAIRSEQ_CMD) for fairseq-NAME (preprocess, train, ...)
+#   fetch URL RELPATH DEST    DEST from $CMASD_DATA_MIRROR/RELPATH when the variable is set,
+#                             else downloaded from URL (curl, else wget)
+#   steps_init DIR SIGNATURE  markers for idempotent steps live in DIR/.done; when SIGNATURE
+#                             (the options that shape the output) changed since the last run,
+#                             every marker is dropped and all steps run again
+#   done_step NAME [SIG]      true (and prints "skip: NAME (done)") if NAME finished before
+#                             with the same SIG
+#   mark_done NAME [SIG]      record that NAME finished
+#   abs_path PATH             PATH made absolute (it need not exist)
+#   check_vocab_size N        die unless N is an integer >= 100
+#   line_count FILE           number of lines
+#   check_lines FILE N        die unless FILE has exactly N lines
+#   check_parallel A B        die unless A and B have the same number of lines
+#   prepare_vocab ...         train a joint sentencepiece model or copy a given one (see below)
+#   binarize ...              fairseq-preprocess with the joint dictionary (see below)
+#   add_extra_test ...        binarize one more raw parallel test set under its own name
+#   summarize DEST            print the sentence counts of every binarized split
+#   parse_common_option ARGS  the options every translation recipe shares (see COMMON_OPTIONS_HELP)
+#   finish_recipe             vocabulary, encoding, filtering, binarization, extra test sets
+
+set -euo pipefail
+
+CMASD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { printf '[cmasd prep] %s\n' "$*" >&2; }
+die() { printf '[cmasd prep] error: %s\n' "$*" >&2; exit 1; }
+
+# ------------------------------------------------------------------ tools
+
+if [[ -n "${CMASD_PYTHON:-}" ]]; then
+  PY="$CMASD_PYTHON"
+elif [[ -x "$CMASD_ROOT/.venv/bin/python" ]]; then
+  PY="$CMASD_ROOT/.venv/bin/python"
+else
+  PY="python3"
+fi
+command -v "$PY" >/dev/null 2>&1 || die "python not found: $PY (set CMASD_PYTHON)"
+PREP=("$PY" "$CMASD_ROOT/cmasd/prep.py")
+
+# fairseq_tool NAME: sets the array FAIRSEQ_CMD to run fairseq-NAME.  Looks next to the
+# chosen python first (so CMASD_PYTHON=/some/env/bin/python picks that env's fairseq), then
+# in the repository's .venv, then on PATH, and finally falls back to `python -m fairseq_cli.NAME`.
+fairseq_tool() {
+  local name="$1" pydir candidate
+  pydir="$(dirname "$(command -v "$PY")")"
+  for candidate in "$pydir/fairseq-$name" "$CMASD_ROOT/.venv/bin/fairseq-$name"; do
+    if [[ -x "$candidate" ]]; then FAIRSEQ_CMD=("$candidate"); return 0; fi
+  done
+  if command -v "fairseq-$name" >/dev/null 2>&1; then
+    FAIRSEQ_CMD=("$(command -v "fairseq-$name")"); return 0
+  fi
+  "$PY" -c "import fairseq_cli.$name" >/dev/null 2>&1 \
+    || die "fairseq-$name not found (install fairseq into $PY's environment, or set CMASD_PYTHON)"
+  FAIRSEQ_CMD=("$PY" -m "fairseq_cli.$name")
+}
+
+# ------------------------------------------------------------------ paths, checks
+
+abs_path() {
+  case "$1" in
+    /*) printf '%s\n' "$1" ;;
+    *) printf '%s/%s\n' "$PWD" "$1" ;;
+  esac
+}
+
+check_vocab_size() {
+  if ! [[ "$1" =~ ^[0-9]+$ ]] || (( 10#$1 < 100 )); then
+    die "bad vocab size '$1': expected an integer >= 100"
+  fi
+}
+
+line_count() { wc -l < "$1" | tr -d ' '; }
+
+check_lines() {
+  local n
+  n="$(line_count "$1")"
+  [[ "$n" == "$2" ]] || die "$1 has $n lines, expected $2 (corrupt or different download?)"
+}
+
+check_parallel() {
+  local a b
+  a="$(line_count "$1")"; b="$(line_count "$2")"
+  [[ "$a" == "$b" ]] || die "not parallel: $1 has $a lines but $2 has $b"
+}
+
+# ------------------------------------------------------------------ fetch
+
+# fetch URL RELPATH DEST
+# With CMASD_DATA_MIRROR set, copies $CMASD_DATA_MIRROR/RELPATH (the mirror keeps upstream file
+# names); otherwise downloads URL.  An existing non-empty DEST is kept (reruns do not fetch again).
+fetch() {
+  local url="$1" rel="$2" dest="$3" src
+  if [[ -s "$dest" ]]; then
+    log "have $(basename "$dest")"
+    return 0
+  fi
+  mkdir -p "$(dirname "$dest")"
+  if [[ -n "${CMASD_DATA_MIRROR:-}" ]]; then
+    src="$CMASD_DATA_MIRROR/$rel"
+    [[ -f "$src" ]] || die "missing mirror file $src (CMASD_DATA_MIRROR=$CMASD_DATA_MIRROR;" \
+      "unset CMASD_DATA_MIRROR to download $url instead)"
+    log "copy $src"
+    cp "$src" "$dest.part"
+  else
+    log "download $url"
+    if command -v curl >/dev/null 2>&1; then
+      curl -fL --retry 3 --connect-timeout 30 --progress-bar -o "$dest.part" "$url" \
+        || { rm -f "$dest.part"; die "download failed: $url (no network? set CMASD_DATA_MIRROR to a local mirror)"; }
+    elif command -v wget >/dev/null 2>&1; then
+      wget -t 3 -T 30 -O "$dest.part" "$url" \
+        || { rm -f "$dest.part"; die "download failed: $url (no network? set CMASD_DATA_MIRROR to a local mirror)"; }
+    else
+      die "neither curl nor wget is installed; cannot download $url"
+    fi
+  fi
+  [[ -s "$dest.part" ]] || { rm -f "$dest.part"; die "fetched an empty file for $url"; }
+  mv "$dest.part" "$dest"
+}
+
+# mirror_has RELPATH...: true when CMASD_DATA_MIRROR is set and holds every RELPATH.
+mirror_has() {
+  local rel
+  [[ -n "${CMASD_DATA_MIRROR:-}" ]] || return 1
+  for rel in "$@"; do [[ -f "$CMASD_DATA_MIRROR/$rel" ]] || return 1; done
+}
+
+# ------------------------------------------------------------------ idempotent steps
+
+STEP_DIR=""
+
+steps_init() {
+  local dir="$1" signature="$2"
+  STEP_DIR="$dir/.done"
+  mkdir -p "$STEP_DIR"
+  if [[ -f "$STEP_DIR/SIGNATURE" ]] && [[ "$(cat "$STEP_DIR/SIGNATURE")" != "$signature" ]]; then
+    log "options differ from the previous run in $dir:"
+    log "  was: $(cat "$STEP_DIR/SIGNATURE")"
+    log "  now: $signature"
+    log "redoing every step"
+    find "$STEP_DIR" -mindepth 1 -maxdepth 1 -type f -delete
+  fi
+  printf '%s\n' "$signature" > "$STEP_DIR/SIGNATURE"
+}
+
+done_step() {
+  local name="$1" sig="${2:-}"
+  [[ -n "$STEP_DIR" ]] || die "internal: steps_init was not called"
+  if [[ -f "$STEP_DIR/$name" ]] && [[ "$(cat "$STEP_DIR/$name")" == "$sig" ]]; then
+    log "skip: $name (done)"
+    return 0
+  fi
+  log "step: $name"
+  return 1
+}
+
+mark_done() {
+  local name="$1" sig="${2:-}"
+  printf '%s\n' "$sig" > "$STEP_DIR/$name"
+}
+
+# ------------------------------------------------------------------ shared recipe steps
+
+# prepare_vocab DEST VOCAB_SIZE SPM_MODEL DICT TRAIN_FILES(comma-separated) [spm-train options...]
+# Leaves DEST/spm.model and DEST/dict.txt (and DEST/spm.vocab when trained here).
+# SPM_MODEL and DICT empty: train a joint unigram model of VOCAB_SIZE pieces on TRAIN_FILES.
+# Otherwise copy the given model and dictionary (reuse mode: the vocabulary of an existing model).
+prepare_vocab() {
+  local dest="$1" vocab="$2" model="$3" dict="$4" inputs="$5"
+  shift 5
+  if [[ -n "$model" ]]; then
+    log "reusing sentencepiece model $model and dictionary $dict"
+    cp "$model" "$dest/spm.model"
+    cp "$dict" "$dest/dict.txt"
+    rm -f "$dest/spm.vocab"
+  else
+    "${PREP[@]}" spm-train --input "$inputs" --prefix "$dest/spm" --vocab-size "$vocab" "$@"
+    mv "$dest/spm.dict.txt" "$dest/dict.txt"
+  fi
+}
+
+# check_reuse_options SPM_MODEL DICT: both or neither; the files must exist.
+check_reuse_options() {
+  local model="$1" dict="$2"
+  if [[ -n "$model" || -n "$dict" ]]; then
+    [[ -n "$model" && -n "$dict" ]] || die "--spm-model and --dict go together: give both or neither"
+    [[ -f "$model" ]] || die "--spm-model: file not found: $model"
+    [[ -f "$dict" ]] || die "--dict: file not found: $dict"
+  fi
+}
+
+# binarize DEST SRC TGT WORKERS SPLITS...
+# fairseq-preprocess of DEST/tok/SPLIT.{SRC,TGT} for SPLIT in SPLITS (train, valid, test; a
+# missing split is left out) into DEST, with DEST/dict.txt as the joint dictionary.
+binarize() {
+  local dest="$1" src="$2" tgt="$3" workers="$4" split
+  shift 4
+  local -a prefs=()
+  for split in "$@"; do
+    prefs+=("--${split}pref" "$dest/tok/$split")
+  done
+  fairseq_tool preprocess
+  rm -f "$dest/dict.$src.txt" "$dest/dict.$tgt.txt"
+  "${FAIRSEQ_CMD[@]}" --source-lang "$src" --target-lang "$tgt" \
+    "${prefs[@]}" --destdir "$dest" \
+    --srcdict "$dest/dict.txt" --joined-dictionary --workers "$workers"
+}
+
+# add_extra_test DEST SRC TGT NAME SRC_FILE TGT_FILE
+# Binarizes a raw parallel pair (plain or .gz) as split NAME with the vocabulary of DEST:
+#   normalize -> DEST/raw/NAME.{SRC,TGT} (the target is the reference for sacreBLEU),
+#   encode    -> DEST/tok/NAME.{SRC,TGT},
+#   fairseq-preprocess --testpref into a temporary directory, whose test.* files are then
+#   renamed to DEST/NAME.SRC-TGT.{SRC,TGT}.{bin,idx}: fairseq loads them with --gen-subset NAME.
+add_extra_test() {
+  local dest="$1" src="$2" tgt="$3" name="$4" src_file="$5" tgt_file="$6" lang tmp
+  for lang in "$src" "$tgt"; do
+    local in="$src_file"
+    [[ "$lang" == "$tgt" ]] && in="$tgt_file"
+    "${PREP[@]}" normalize "$in" "$dest/raw/$name.$lang"
+  done
+  check_parallel "$dest/raw/$name.$src" "$dest/raw/$name.$tgt"
+  for lang in "$src" "$tgt"; do
+    "${PREP[@]}" spm-encode --model "$dest/spm.model" "$dest/raw/$name.$lang" "$dest/tok/$name.$lang"
+  done
+  tmp="$dest/.extra-$name"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  fairseq_tool preprocess
+  "${FAIRSEQ_CMD[@]}" --source-lang "$src" --target-lang "$tgt" --testpref "$dest/tok/$name" \
+    --destdir "$tmp" --srcdict "$dest/dict.txt" --joined-dictionary --workers 1
+  for lang in "$src" "$tgt"; do
+    mv "$tmp/test.$src-$tgt.$lang.bin" "$dest/$name.$src-$tgt.$lang.bin"
+    mv "$tmp/test.$src-$tgt.$lang.idx" "$dest/$name.$src-$tgt.$lang.idx"
+  done
+  rm -rf "$tmp"
+}
+
+# check_extra_test_name NAME: a fairseq split name of its own.
+check_extra_test_name() {
+  local name="$1"
+  [[ "$name" =~ ^[A-Za-z0-9_-]+$ ]] \
+    || die "--extra-test name '$name': use letters, digits, '_' and '-' only"
+  [[ "$name" =~ ^(train|valid|test)[0-9]*$ ]] \
+    && die "--extra-test name '$name' would clash with fairseq's own splits (train, valid, test, test1, ...): pick another, e.g. test_$name or flickr2017"
+  return 0
+}
+
+# summarize DEST: one line per binarized split, from the .idx files.
+summarize() {
+  local dest="$1" idx
+  local -a files=()
+  for idx in "$dest"/*.idx; do [[ -f "$idx" ]] && files+=("$idx"); done
+  (( ${#files[@]} )) || die "no binarized split in $dest"
+  log "binarized splits in $dest (name, sentences, tokens incl. </s>):"
+  "${PREP[@]}" count-bin "${files[@]}" | while IFS=$'\t' read -r name n tokens; do
+    log "  $name: $n sentences, $tokens tokens"
+  done
+}
+
+# ------------------------------------------------------------------ shared options
+# (globals read by the recipes that source this file)
+# shellcheck disable=SC2034
+
+DEST=""              # output directory (absolute after parsing)
+VOCAB=""             # sentencepiece vocabulary size ("" = the recipe's default)
+SPM_MODEL=""         # reuse mode: an existing sentencepiece model ...
+DICT_FILE=""         # ... and its fairseq dictionary
+WORKERS=2            # fairseq-preprocess --workers
+EXTRA_NAMES=()       # --extra-test NAME SRC_FILE TGT_FILE, repeatable
+EXTRA_SRCS=()
+EXTRA_TGTS=()
+CONSUMED=0           # set by parse_common_option: how many arguments it used
+
+# shellcheck disable=SC2034
+COMMON_OPTIONS_HELP='  --dest DIR              output directory (relative paths are taken from the current directory)
+  --vocab-size N          joint sentencepiece vocabulary size to train (integer >= 100)
+  --spm-model PATH        reuse this sentencepiece model instead of training one ...
+  --dict PATH             ... with this fairseq dictionary (both or neither; copied into DIR as
+                          spm.model and dict.txt)
+  --extra-test NAME SRC_FILE TGT_FILE
+                          also binarize this raw parallel pair (plain text or .gz) as split NAME,
+                          with the same vocabulary: DIR/NAME.<pair>.<lang>.{bin,idx}, raw text in
+                          DIR/raw/NAME.<lang>; use with fairseq-generate --gen-subset NAME.
+                          Repeatable.  NAME: letters, digits, _ and -, not train/valid/test[N].
+  --workers N             fairseq-preprocess workers (default 2)
+  -h, --help              this help'
+
+# _opt_value OPTION "$@": the value of an option given as "--opt VALUE" or "--opt=VALUE";
+# sets OPT_VALUE and CONSUMED.
+_opt_value() {
+  local opt="$1"
+  shift
+  if [[ "$1" == *=* ]]; then
+    OPT_VALUE="${1#*=}"; CONSUMED=1
+  else
+    (( $# >= 2 )) || die "option $opt needs a value (see --help)"
+    OPT_VALUE="$2"; CONSUMED=2
+  fi
+}
+
+# parse_common_option "$@": handles one shared option at the front of "$@", sets CONSUMED;
+# dies on anything it does not know.
+parse_common_option() {
+  case "$1" in
+    --dest|--dest=*) _opt_value --dest "$@"; DEST="$OPT_VALUE" ;;
+    --vocab-size|--vocab-size=*) _opt_value --vocab-size "$@"; VOCAB="$OPT_VALUE"; check_vocab_size "$VOCAB" ;;
+    --spm-model|--spm-model=*) _opt_value --spm-model "$@"; SPM_MODEL="$(abs_path "$OPT_VALUE")" ;;
+    --dict|--dict=*) _opt_value --dict "$@"; DICT_FILE="$(abs_path "$OPT_VALUE")" ;;
+    --workers|--workers=*)
+      _opt_value --workers "$@"; WORKERS="$OPT_VALUE"
+      [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "bad --workers '$WORKERS': expected a positive integer" ;;
+    --extra-test)
+      (( $# >= 4 )) || die "--extra-test needs three values: NAME SRC_FILE TGT_FILE"
+      check_extra_test_name "$2"
+      [[ -f "$3" ]] || die "--extra-test $2: source file not found: $3"
+      [[ -f "$4" ]] || die "--extra-test $2: target file not found: $4"
+      local known
+      for known in ${EXTRA_NAMES[@]+"${EXTRA_NAMES[@]}"}; do
+        [[ "$known" != "$2" ]] || die "--extra-test name '$2' given twice"
+      done
+      EXTRA_NAMES+=("$2"); EXTRA_SRCS+=("$(abs_path "$3")"); EXTRA_TGTS+=("$(abs_path "$4")")
+      # shellcheck disable=SC2034
+      CONSUMED=4 ;;
+    -*) die "unknown option: $1 (see --help)" ;;
+    *) die "unexpected argument: $1 (see --help)" ;;
+  esac
+}
+
+# file_id PATH: content checksum, for step signatures.
+file_id() { cksum < "$1" | cut -d' ' -f1,2 | tr ' ' ':'; }
+
+# vocab_signature: the part of a recipe's signature that describes its vocabulary.
+vocab_signature() {
+  if [[ -n "$SPM_MODEL" ]]; then
+    printf 'spm-model=%s dict=%s' "$(file_id "$SPM_MODEL")" "$(file_id "$DICT_FILE")"
+  else
+    printf 'vocab-size=%s' "$VOCAB"
+  fi
+}
+
+# ------------------------------------------------------------------ the shared tail of a recipe
+
+# finish_recipe: from DEST/raw/{train,valid,test}.{SRC,TGT} (a split whose files are absent is
+# skipped) to the binarized data set.  Globals it reads:
+#   DEST SRC TGT VOCAB SPM_MODEL DICT_FILE WORKERS EXTRA_*   (see above)
+#   CLEAN=1            filter the training pairs like clean-corpus-n (ratio 1.5, 1..250 pieces)
+#   SRC_MAX_TOKENS=N   truncate every encoded source line to N pieces ("" = no truncation)
+#   SPM_TRAIN_ARGS=()  extra cmasd-prep spm-train options
+# Layout it leaves in DEST:
+#   spm.model, dict.txt (+ spm.vocab when trained here), tok/SPLIT.LANG (pieces),
+#   SPLIT.SRC-TGT.LANG.{bin,idx}, dict.SRC.txt, dict.TGT.txt, preprocess.log
+finish_recipe() {
+  local split lang
+  local -a splits=()
+  for split in train valid test; do
+    [[ -f "$DEST/raw/$split.$SRC" ]] && splits+=("$split")
+  done
+  (( ${#splits[@]} )) || die "internal: no raw split in $DEST/raw"
+  mkdir -p "$DEST/tok"
+
+  if ! done_step vocab; then
+    prepare_vocab "$DEST" "$VOCAB" "$SPM_MODEL" "$DICT_FILE" \
+      "$DEST/raw/train.$SRC,$DEST/raw/train.$TGT" ${SPM_TRAIN_ARGS[@]+"${SPM_TRAIN_ARGS[@]}"}
+    mark_done vocab
+  fi
+
+  if ! done_step encode; then
+    for split in "${splits[@]}"; do
+      for lang in "$SRC" "$TGT"; do
+        local out="$DEST/tok/$split.$lang"
+        [[ "$split" == train && "${CLEAN:-0}" == 1 ]] && out="$DEST/tok/train.unfiltered.$lang"
+        local -a trunc=()
+        [[ "$lang" == "$SRC" && -n "${SRC_MAX_TOKENS:-}" ]] && trunc=(--max-tokens "$SRC_MAX_TOKENS")
+        "${PREP[@]}" spm-encode --model "$DEST/spm.model" ${trunc[@]+"${trunc[@]}"} \
+          "$DEST/raw/$split.$lang" "$out"
+      done
+    done
+    mark_done encode
+  fi
+
+  if [[ "${CLEAN:-0}" == 1 && -f "$DEST/raw/train.$SRC" ]] && ! done_step filter-train; then
+    "${PREP[@]}" clean-corpus --ratio 1.5 --min-tokens 1 --max-tokens 250 \
+      "$DEST/tok/train.unfiltered.$SRC" "$DEST/tok/train.unfiltered.$TGT" \
+      "$DEST/tok/train.$SRC" "$DEST/tok/train.$TGT"
+    mark_done filter-train
+  fi
+
+  if ! done_step binarize; then
+    # Stale binaries (an earlier vocabulary) must not survive, extra test sets included.
+    local marker
+    for marker in "$STEP_DIR"/extra-*; do
+      [[ -f "$marker" ]] || continue
+      local old_name="${marker##*/extra-}"
+      rm -f "$marker" "$DEST/raw/$old_name".* "$DEST/tok/$old_name".*
+    done
+    rm -f "$DEST"/*.bin "$DEST"/*.idx
+    binarize "$DEST" "$SRC" "$TGT" "$WORKERS" "${splits[@]}"
+    mark_done binarize
+  fi
+
+  local i sig
+  for i in "${!EXTRA_NAMES[@]}"; do
+    sig="${EXTRA_SRCS[$i]}:$(file_id "${EXTRA_SRCS[$i]}") ${EXTRA_TGTS[$i]}:$(file_id "${EXTRA_TGTS[$i]}")"
+    if ! done_step "extra-${EXTRA_NAMES[$i]}" "$sig"; then
+      add_extra_test "$DEST" "$SRC" "$TGT" "${EXTRA_NAMES[$i]}" "${EXTRA_SRCS[$i]}" "${EXTRA_TGTS[$i]}"
+      mark_done "extra-${EXTRA_NAMES[$i]}" "$sig"
+    fi
+  done
+
+  summarize "$DEST"
+}

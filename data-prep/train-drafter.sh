@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Train a Spec-Drafter (cmasd.drafter) for a verifier with stock fairseq-train.
+# Run with --help for the recipe.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() {
+  cat <<'EOF'
+Usage: bash data-prep/train-drafter.sh DATASET VERIFIER [fairseq-train options...]
+
+Trains the Spec-Drafter of the CM-ASD / SpecDec setup (2 decoder layers at the verifier's
+width, the verifier's frozen encoder, k_max = 25 mask slots) with stock fairseq-train:
+  --user-dir fairseq_plugins --task translation_speculative --criterion spec_drafter_loss
+  --arch spec_drafter_compact (verifier width <= 256) or spec_drafter_base
+  --verifier-path VERIFIER
+
+DATASET   a data-bin directory, or the name of one under data-bin/ (e.g. multi30k, or
+          multi30k-distill made by data-prep/distill.sh: SpecDec trains the drafter on the
+          verifier's own greedy outputs). It must be binarized with the verifier's dictionary.
+VERIFIER  the verifier checkpoint (.pt).
+
+Recipe (each can be overridden: options given after VERIFIER come last and win):
+  --block-size 25 --decoder-layers 2 --drafter-cuts 4
+  --optimizer adam --adam-betas (0.9,0.98) --clip-norm 1.0 --weight-decay 0.0001
+  --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 1000 --warmup-init-lr 1e-7
+  --dropout 0.1 --label-smoothing 0.1 --glat-schedule 0 (e.g. 0.5:0.1@20000 for glancing)
+  --max-tokens 4096 --max-update 30000
+  --best-checkpoint-metric exp_accept --maximize-best-checkpoint-metric
+  --save-dir checkpoints/drafter-NAME (NAME = the data-bin's folder name)
+  --cpu when torch sees no CUDA device; otherwise fairseq uses every visible GPU
+  (data-parallel; choose them with CUDA_VISIBLE_DEVICES; --update-freq N keeps the
+  effective batch when using fewer GPUs). Add --fp16 on GPUs that support it.
+Validation logs acc@1..acc@5, acc@25 and exp_accept (mean tokens accepted per block
+under exact matching).
+
+Environment: CMASD_PYTHON (python with fairseq and torch; default .venv/bin/python).
+EOF
+}
+
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+esac
+(( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
+DATASET="$1"
+VERIFIER="$2"
+shift 2
+
+if [[ -d "$DATASET" || "$DATASET" == */* ]]; then
+  DATA="$(abs_path "$DATASET")"
+else
+  DATA="$CMASD_ROOT/data-bin/$DATASET"
+fi
+NAME="$(basename "$DATA")"
+[[ -d "$DATA" ]] || die "no data-bin at $DATA (make it with a data-prep/prepare-*.sh recipe)"
+compgen -G "$DATA/train.*.idx" >/dev/null || die "$DATA has no binarized train split (train.*.idx)"
+compgen -G "$DATA/valid*.idx" >/dev/null || die "$DATA has no binarized valid split (valid*.idx)"
+[[ -f "$VERIFIER" ]] || die "verifier checkpoint not found: $VERIFIER"
+VERIFIER="$(abs_path "$VERIFIER")"
+
+# The arch name follows the verifier's width (the dimensions themselves always do).
+WIDTH="$(PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$VERIFIER" <<'EOF'
+import sys
+import torch
+from cmasd.checkpoint import allow_fairseq_checkpoints
+allow_fairseq_checkpoints()
+state = torch.load(sys.argv[1], map_location="cpu")
+print(state["model"]["decoder.embed_tokens.weight"].size(1))
+EOF
+)" || die "cannot read the verifier checkpoint $VERIFIER"
+if (( WIDTH <= 256 )); then ARCH=spec_drafter_compact; else ARCH=spec_drafter_base; fi
+
+DEVICE=()
+"$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=(--cpu)
+
+fairseq_tool train
+log "drafter for $VERIFIER (width $WIDTH, $ARCH) on $DATA${DEVICE:+ (CPU)}"
+exec "${FAIRSEQ_CMD[@]}" "$DATA" \
+  --user-dir "$CMASD_ROOT/fairseq_plugins" \
+  --task translation_speculative --drafter-cuts 4 \
+  --arch "$ARCH" --verifier-path "$VERIFIER" --block-size 25 --decoder-layers 2 \
+  --criterion spec_drafter_loss --label-smoothing 0.1 --glat-schedule 0 \
+  --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 1.0 --weight-decay 0.0001 \
+  --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 1000 --warmup-init-lr 1e-7 \
+  --dropout 0.1 --max-tokens 4096 --max-update 30000 \
+  --best-checkpoint-metric exp_accept --maximize-best-checkpoint-metric \
+  --skip-invalid-size-inputs-valid-test \
+  --save-dir "$CMASD_ROOT/checkpoints/drafter-$NAME" \
+  --log-format simple --log-interval 50 \
+  ${DEVICE[@]+"${DEVICE[@]}"} "$@"

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Train a plain fairseq Transformer (the "verifier" of speculative decoding) on a binarized data set.
+# Run with --help for the recipes.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() {
+  cat <<EOF
+Usage: bash data-prep/train-verifier.sh DATASET [base|compact] [fairseq-train options...]
+
+DATASET   a name under $CMASD_ROOT/data-bin/ (multi30k, wmt14-en-de, ...) or a path to a
+          fairseq-preprocess output directory with a train split and a joined dictionary
+SIZE      base (default): --arch transformer_wmt_en_de --share-all-embeddings (6+6 layers,
+            512/2048, 8 heads), adam (0.9, 0.98), lr 5e-4, inverse_sqrt, 4000 warmup updates
+            from 1e-7, dropout 0.1, label smoothing 0.1, max-tokens 4096, clip-norm 0,
+            weight-decay 0, --fp16 when a CUDA GPU is present
+          compact: the recipe of the shared compact Multi30k verifier
+            (models/multi30k-en-de-compact/README.md): 6+6 layers, 256/1024, 4 heads, shared
+            embeddings, dropout 0.3, attention-dropout 0.1, weight-decay 1e-4, adam (0.9, 0.98),
+            lr 1e-3, inverse_sqrt, 400 warmup updates from 1e-7, label smoothing 0.1,
+            max-tokens 4096, seed 1 (fp32; add --fp16 yourself on a GPU)
+Further options go to fairseq-train unchanged and win over the recipe's, e.g.
+  --max-update 200, --max-epoch 30, --stop-time-hours 1.5, --no-epoch-checkpoints, --patience 5
+--cpu is added when torch sees no CUDA GPU.
+
+Checkpoints and the training log: $CMASD_ROOT/checkpoints/verifier-<DATASET name>-<SIZE>/
+(checkpoint_best.pt, checkpoint_last.pt, checkpoint<epoch>.pt, train.log).  A rerun resumes
+from checkpoint_last.pt (fairseq's own behaviour); then --user-dir fairseq_plugins is added,
+whose import lets torch >= 2.6 load fairseq checkpoints.
+Environment: CMASD_PYTHON (python with fairseq).
+EOF
+}
+
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  "") usage >&2; die "missing DATASET" ;;
+esac
+DATASET="$1"
+shift
+SIZE=base
+if (( $# )) && [[ "$1" != -* ]]; then
+  SIZE="$1"
+  shift
+fi
+for arg in "$@"; do
+  [[ "$arg" == -h || "$arg" == --help ]] && { usage; exit 0; }
+done
+
+case "$SIZE" in
+  base)
+    RECIPE=(
+      --arch transformer_wmt_en_de --share-all-embeddings
+      --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0
+      --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-07
+      --dropout 0.1 --weight-decay 0.0
+      --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+      --max-tokens 4096 --seed 1
+    ) ;;
+  compact)
+    RECIPE=(
+      --arch transformer --share-all-embeddings
+      --encoder-layers 6 --decoder-layers 6
+      --encoder-embed-dim 256 --decoder-embed-dim 256
+      --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
+      --encoder-attention-heads 4 --decoder-attention-heads 4
+      --dropout 0.3 --attention-dropout 0.1 --weight-decay 0.0001
+      --optimizer adam --adam-betas "(0.9,0.98)" --lr 1e-3
+      --lr-scheduler inverse_sqrt --warmup-updates 400 --warmup-init-lr 1e-7
+      --max-tokens 4096 --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+      --seed 1
+    ) ;;
+  *) die "unknown size '$SIZE': use base or compact (see --help)" ;;
+esac
+
+# DATASET: a path (contains '/', or is an existing directory) or a name under data-bin/.
+if [[ "$DATASET" == */* || -d "$DATASET" ]]; then
+  DATA="$(abs_path "$DATASET")"
+else
+  DATA="$CMASD_ROOT/data-bin/$DATASET"
+fi
+DATA="${DATA%/}"
+[[ -d "$DATA" ]] || die "unknown dataset '$DATASET': no directory $DATA (prepare it with a" \
+  "data-prep/prepare-*.sh script, or give a path)"
+shopt -s nullglob
+train_idx=("$DATA"/train.*-*.*.idx)
+shopt -u nullglob
+(( ${#train_idx[@]} )) || die "dataset $DATA has no binarized train split (train.SRC-TGT.LANG.idx):" \
+  "a test-only set (such as cnndm-sample) cannot be trained on"
+NAME="$(basename "$DATA")"
+SAVE="$CMASD_ROOT/checkpoints/verifier-$NAME-$SIZE"
+mkdir -p "$SAVE"
+
+DEVICE_ARGS=()
+user_cpu=0
+for arg in "$@"; do [[ "$arg" == --cpu ]] && user_cpu=1; done
+if (( user_cpu )); then
+  log "device: CPU (--cpu given)"
+elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  log "device: CUDA GPU"
+  [[ "$SIZE" == base ]] && DEVICE_ARGS=(--fp16)
+else
+  log "device: CPU (torch sees no CUDA GPU)"
+  DEVICE_ARGS=(--cpu)
+fi
+
+RESUME_ARGS=()
+if [[ -f "$SAVE/checkpoint_last.pt" ]]; then
+  user_dir_given=0
+  for arg in "$@"; do [[ "$arg" == --user-dir || "$arg" == --user-dir=* ]] && user_dir_given=1; done
+  if (( ! user_dir_given )) && [[ -f "$CMASD_ROOT/fairseq_plugins/__init__.py" ]]; then
+    RESUME_ARGS=(--user-dir "$CMASD_ROOT/fairseq_plugins")
+  fi
+  log "resuming from $SAVE/checkpoint_last.pt"
+fi
+
+fairseq_tool train
+log "training verifier '$SIZE' on $DATA -> $SAVE"
+set -x
+"${FAIRSEQ_CMD[@]}" "$DATA" "${RECIPE[@]}" \
+  --save-dir "$SAVE" --log-format simple --log-interval 50 --log-file "$SAVE/train.log" \
+  ${DEVICE_ARGS[@]+"${DEVICE_ARGS[@]}"} ${RESUME_ARGS[@]+"${RESUME_ARGS[@]}"} "$@"

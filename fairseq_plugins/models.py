@@ -1,0 +1,21 @@
+"""Registers the Spec-Drafter model (``cmasd.drafter``) and its architectures."""
+
+from fairseq.models import register_model, register_model_architecture
+
+from cmasd.drafter import SpecDrafterConfig, SpecDrafterModel
+
+register_model("spec_drafter", dataclass=SpecDrafterConfig)(SpecDrafterModel)
+
+
+@register_model_architecture("spec_drafter", "spec_drafter_base")
+def spec_drafter_base(cfg):
+    """Drafter of a base verifier (e.g. 512/2048, 8 heads). Widths, heads and position
+    embeddings always follow the verifier (``--verifier-path``); the dataclass defaults
+    (2 decoder layers, block 25) apply unless given on the command line."""
+
+
+@register_model_architecture("spec_drafter", "spec_drafter_compact")
+def spec_drafter_compact(cfg):
+    """Drafter of a compact verifier (e.g. 256/1024, 4 heads): the same recipe as
+    ``spec_drafter_base`` (2 decoder layers at the verifier's width); the name only
+    documents which verifier a recipe pairs it with."""

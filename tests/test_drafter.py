@@ -1,0 +1,377 @@
+"""Spec-Drafter unit tests on tiny in-process models (CPU, seconds): attention masks,
+cache == recompute, ragged batches, dictionary and verifier-path errors, and the
+training-data helpers (cut points, block labels, glancing, acceptance length)."""
+
+import argparse
+import os
+import types
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.models.transformer import TransformerModel, base_architecture
+
+from cmasd.criterion import accepted_lengths, block_labels, glance_tokens, glat_ratio, parse_glat_schedule
+from cmasd.drafter import SpecDrafterConfig, SpecDrafterModel, verifier_arch
+from cmasd.task import BlockCutDataset, fixed_cuts, random_cuts
+
+BLOCK = 4
+WORDS = 20
+
+
+def tiny_dictionary(words=WORDS, prefix="w"):
+    dictionary = Dictionary()
+    for i in range(words):
+        dictionary.add_symbol(f"{prefix}{i}")
+    return dictionary
+
+
+def tiny_verifier_args(learned_pos=False, normalize_before=False):
+    args = argparse.Namespace(
+        arch="transformer",
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_embed_dim=16,
+        decoder_embed_dim=16,
+        encoder_ffn_embed_dim=32,
+        decoder_ffn_embed_dim=32,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        share_all_embeddings=True,
+        encoder_learned_pos=learned_pos,
+        decoder_learned_pos=learned_pos,
+        encoder_normalize_before=normalize_before,
+        decoder_normalize_before=normalize_before,
+        max_source_positions=64,
+        max_target_positions=64,
+        dropout=0.0,
+    )
+    base_architecture(args)
+    return args
+
+
+def tiny_task(dictionary):
+    return types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+
+
+def tiny_drafter(learned_pos=False, normalize_before=False, seed=0):
+    """A tiny fairseq verifier and a drafter initialised from it, in eval mode."""
+    torch.manual_seed(seed)
+    dictionary = tiny_dictionary()
+    args = tiny_verifier_args(learned_pos, normalize_before)
+    verifier = TransformerModel.build_model(args, tiny_task(dictionary))
+    cfg = SpecDrafterConfig(block_size=BLOCK, dropout=0.0, decoder_init="random")
+    drafter = SpecDrafterModel.build(cfg, verifier_arch(args), dictionary, dictionary)
+    drafter.init_from_verifier(verifier)
+    return drafter.eval(), verifier.eval(), dictionary
+
+
+def random_tokens(dictionary, shape, generator):
+    """Word tokens (never pad/eos/unk/bos)."""
+    return torch.randint(dictionary.nspecial, len(dictionary), shape, generator=generator)
+
+
+def source_batch(dictionary, generator, bsz=3, length=7):
+    src = random_tokens(dictionary, (bsz, length), generator)
+    src_lengths = torch.tensor([length - i for i in range(bsz)])
+    for row, n in enumerate(src_lengths.tolist()):  # left padding, as fairseq
+        src[row, : length - n] = dictionary.pad()
+        src[row, -1] = dictionary.eos()
+    return src, src_lengths
+
+
+def sequences(dictionary, generator, bsz, length):
+    """BOS (eos) followed by words: (B, length)."""
+    tokens = random_tokens(dictionary, (bsz, length), generator)
+    tokens[:, 0] = dictionary.eos()
+    return tokens
+
+
+ARCHS = [
+    pytest.param(False, False, id="sinusoidal-postnorm"),
+    pytest.param(True, True, id="learned-prenorm"),
+]
+
+
+@pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
+def test_dimensions_and_initialisation_follow_the_verifier(learned_pos, normalize_before):
+    drafter, verifier, _ = tiny_drafter(learned_pos, normalize_before)
+    assert len(drafter.decoder.layers) == 2
+    assert drafter.decoder.embed_dim == verifier.decoder.embed_dim
+    assert type(drafter.decoder.embed_positions) is type(verifier.decoder.embed_positions)
+    assert torch.equal(drafter.decoder.embed_tokens.weight, verifier.decoder.embed_tokens.weight)
+    # tied output projection; the frozen encoder is the verifier's
+    assert drafter.decoder.output_projection.weight is drafter.decoder.embed_tokens.weight
+    for (name, mine), theirs in zip(drafter.encoder.state_dict().items(), verifier.encoder.state_dict().values()):
+        assert torch.equal(mine, theirs), name
+    assert not any(p.requires_grad for p in drafter.encoder.parameters())
+    drafter.train()
+    assert not drafter.encoder.training and drafter.decoder.training
+
+
+@pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
+def test_blocks_never_see_tokens_at_or_after_their_cut(learned_pos, normalize_before):
+    """Masks: prefix positions are causal and a slot group sees only the prefix below
+    its cut, so changing tokens at index >= c leaves every block cut at <= c unchanged."""
+    drafter, _, dictionary = tiny_drafter(learned_pos, normalize_before)
+    gen = torch.Generator().manual_seed(1)
+    src, src_lengths = source_batch(dictionary, gen)
+    prev = sequences(dictionary, gen, 3, 9)  # (B, T)
+    starts = torch.tensor([[1, 3, 5, 9]]).expand(3, 4)  # (B, G)
+    changed = prev.clone()
+    changed[:, 5:] = random_tokens(dictionary, (3, 4), gen)
+    with torch.no_grad():
+        before = drafter(src, src_lengths, prev, starts)  # (B, G, K, V)
+        after = drafter(src, src_lengths, changed, starts)
+    assert before.shape == (3, 4, BLOCK, len(dictionary))
+    torch.testing.assert_close(before[:, :3], after[:, :3], rtol=0, atol=1e-6)
+    assert not torch.allclose(before[:, 3], after[:, 3])
+
+
+def test_slot_groups_are_independent():
+    drafter, _, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(2)
+    src, src_lengths = source_batch(dictionary, gen)
+    prev = sequences(dictionary, gen, 3, 8)
+    starts = torch.tensor([[2, 2, 6]]).expand(3, 3)
+    pad = dictionary.pad()
+    glance = torch.full((3, 3, BLOCK), pad)
+    glance[:, 1, 1] = random_tokens(dictionary, (3,), gen)  # gold input in group 1 only
+    with torch.no_grad():
+        plain = drafter(src, src_lengths, prev, starts)
+        glanced = drafter(src, src_lengths, prev, starts, glance)
+    torch.testing.assert_close(plain[:, 0], plain[:, 1])  # same cut, same output
+    torch.testing.assert_close(plain[:, [0, 2]], glanced[:, [0, 2]], rtol=0, atol=1e-6)
+    assert not torch.allclose(plain[:, 1], glanced[:, 1])
+
+
+def draft_from_scratch(drafter, encoder_out, tokens, lengths):
+    state = drafter.start(encoder_out, tokens.size(1) + 1)
+    return drafter.draft(state, tokens, lengths)[0]
+
+
+@pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
+def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normalize_before):
+    drafter, verifier, dictionary = tiny_drafter(learned_pos, normalize_before)
+    gen = torch.Generator().manual_seed(3)
+    bsz, capacity = 3, 16
+    src, src_lengths = source_batch(dictionary, gen, bsz)
+    with torch.no_grad():
+        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    full = sequences(dictionary, gen, bsz, capacity)  # what the rows will have accepted
+    lengths = torch.ones(bsz, dtype=torch.long)
+    state = drafter.start(encoder_out, capacity)
+    growth = [[3, 1, 5], [0, 2, 1], [4, 4, 0], [1, 6, 2], [2, 0, 3]]  # ragged, some rows idle
+    for step in range(len(growth) + 1):
+        tokens = full.masked_fill(torch.arange(capacity)[None, :] >= lengths[:, None], dictionary.pad())
+        logits, state = drafter.draft(state, tokens, lengths)  # (B, K, V)
+        assert logits.shape == (bsz, BLOCK, len(dictionary))
+        assert torch.equal(state.cached, lengths)
+        fresh = draft_from_scratch(drafter, encoder_out, tokens, lengths)
+        torch.testing.assert_close(logits, fresh, rtol=0, atol=1e-5)
+        # the training pass (eval mode) sees the same blocks: cut point = length
+        with torch.no_grad():
+            trained = drafter(src, src_lengths, tokens[:, : int(lengths.max())], lengths[:, None])
+        torch.testing.assert_close(logits, trained[:, 0], rtol=0, atol=1e-5)
+        if step < len(growth):
+            lengths = lengths + torch.tensor(growth[step])
+
+
+def test_row_selection_keeps_rows_consistent():
+    drafter, verifier, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(4)
+    src, src_lengths = source_batch(dictionary, gen, 3)
+    with torch.no_grad():
+        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    tokens = sequences(dictionary, gen, 3, 10)
+    lengths = torch.tensor([4, 2, 6])
+    state = drafter.start(encoder_out, 10)
+    _, state = drafter.draft(state, tokens, lengths)
+    keep = torch.tensor([2, 0])
+    state = state.select(keep)
+    assert state.cached.tolist() == [6, 4] and state.keys[0].size(0) == 2
+    tokens, lengths = tokens[keep], torch.tensor([8, 5])
+    logits, _ = drafter.draft(state, tokens, lengths)
+    fresh = draft_from_scratch(drafter, {k: [v[0].index_select(1 if k == "encoder_out" else 0, keep)]
+                                         for k, v in encoder_out.items() if k in ("encoder_out", "encoder_padding_mask")},
+                               tokens, lengths)
+    torch.testing.assert_close(logits, fresh, rtol=0, atol=1e-5)
+
+
+def test_drafting_refuses_rollback_and_overflow():
+    drafter, verifier, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(5)
+    src, src_lengths = source_batch(dictionary, gen, 2)
+    with torch.no_grad():
+        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    tokens = sequences(dictionary, gen, 2, 8)
+    state = drafter.start(encoder_out, 6)
+    _, state = drafter.draft(state, tokens, torch.tensor([4, 3]))
+    with pytest.raises(ValueError, match="append-only"):
+        drafter.draft(state, tokens, torch.tensor([3, 3]))
+    with pytest.raises(ValueError, match="capacity 6"):
+        drafter.draft(state, tokens, torch.tensor([7, 3]))
+
+
+def test_dictionary_mismatch_is_refused_clearly():
+    drafter, _, dictionary = tiny_drafter()
+    drafter.check_dictionary(dictionary)  # the training dictionary passes
+    other = tiny_dictionary(prefix="v")  # same size, other symbols
+    with pytest.raises(ValueError, match=r"drafter dictionary \(24 symbols, digest [0-9a-f]+\) differs from the verifier's \(24 symbols"):
+        drafter.check_dictionary(other)
+    with pytest.raises(ValueError, match=r"verifier's \(25 symbols"):
+        drafter.check_dictionary(tiny_dictionary(WORDS + 1))
+
+
+def test_missing_verifier_path_is_a_clear_error(tmp_path):
+    dictionary = tiny_dictionary()
+    missing = tmp_path / "nowhere.pt"
+    with pytest.raises(FileNotFoundError, match="--verifier-path"):
+        SpecDrafterModel.build_model(SpecDrafterConfig(verifier_path=str(missing)), tiny_task(dictionary))
+    with pytest.raises(ValueError, match="--verifier-path is required"):
+        SpecDrafterModel.build_model(SpecDrafterConfig(), tiny_task(dictionary))
+
+
+def test_build_from_a_verifier_checkpoint_then_reload_without_it(tmp_path):
+    """build_model reads a verifier checkpoint and records its architecture, so the
+    drafter's own config rebuilds the same shapes once the verifier file is gone."""
+    torch.manual_seed(0)
+    dictionary = tiny_dictionary()
+    args = tiny_verifier_args()
+    verifier = TransformerModel.build_model(args, tiny_task(dictionary))
+    path = tmp_path / "verifier.pt"
+    torch.save(
+        {
+            "args": None,
+            "cfg": {"model": args},
+            "model": verifier.state_dict(),
+            "optimizer_history": [{"criterion_name": "x", "optimizer_name": "x", "lr_scheduler_state": {}, "num_updates": 0}],
+            "extra_state": {},
+            "last_optimizer_state": None,
+        },
+        path,
+    )
+    cfg = SpecDrafterConfig(verifier_path=str(path), block_size=BLOCK, decoder_init="verifier")
+    drafter = SpecDrafterModel.build_model(cfg, tiny_task(dictionary))
+    assert cfg.verifier_arch  # recorded for the saved drafter config
+    for mine, theirs in zip(drafter.decoder.layers[0].state_dict().values(), verifier.decoder.layers[0].state_dict().values()):
+        assert torch.equal(mine, theirs)
+    os.remove(path)
+    again = SpecDrafterModel.build_model(cfg, tiny_task(dictionary))
+    again.load_state_dict(drafter.state_dict())
+    again.check_dictionary(dictionary)
+
+
+def test_wrong_size_verifier_dictionary_is_refused(tmp_path):
+    args = tiny_verifier_args()
+    verifier = TransformerModel.build_model(args, tiny_task(tiny_dictionary()))
+    path = tmp_path / "verifier.pt"
+    torch.save({"cfg": {"model": args}, "model": verifier.state_dict(),
+                "optimizer_history": [{"criterion_name": "x", "optimizer_name": "x", "lr_scheduler_state": {}}],
+                "extra_state": {}, "last_optimizer_state": None}, path)
+    with pytest.raises(ValueError, match="verifier has 24 target symbols but the data's dictionary has 27"):
+        SpecDrafterModel.build_model(SpecDrafterConfig(verifier_path=str(path)), tiny_task(tiny_dictionary(WORDS + 3)))
+
+
+# ----------------------------------------------------------------- training-data helpers
+
+
+def test_cut_points():
+    assert fixed_cuts(10, 4).tolist() == [1, 3, 6, 8]
+    assert fixed_cuts(2, 4).tolist() == [1, 1, 2, 2]
+    a, b = random_cuts(12, 4, 1, 3, 17), random_cuts(12, 4, 1, 3, 17)
+    assert a.tolist() == b.tolist() and len(set(a.tolist())) == 4  # reproducible, distinct
+    assert all(1 <= c <= 12 for c in a)
+    assert random_cuts(12, 4, 1, 4, 17).tolist() != a.tolist() or random_cuts(12, 4, 1, 5, 17).tolist() != a.tolist()
+    assert sorted(set(random_cuts(2, 6, 1, 1, 0).tolist())) <= [1, 2]
+
+
+def test_cut_dataset_follows_the_batch_order():
+    dictionary = tiny_dictionary()
+    lengths = [3, 6, 2, 5]
+    targets = [torch.tensor([4] * (n - 1) + [dictionary.eos()]) for n in lengths]
+    sources = [torch.tensor([5] * (i + 2) + [dictionary.eos()]) for i in range(4)]
+    pairs = LanguagePairDataset(sources, [len(s) for s in sources], dictionary, targets, lengths, dictionary)
+    data = BlockCutDataset(pairs, cuts=2, seed=1, random=False)
+    batch = data.collater([data[i] for i in range(4)])
+    for row, example in enumerate(batch["id"].tolist()):  # rows are sorted by source length
+        assert batch["block_starts"][row].tolist() == fixed_cuts(lengths[example], 2).tolist()
+    train = BlockCutDataset(pairs, cuts=2, seed=1, random=True)
+    train.set_epoch(3)
+    assert train[1]["block_starts"].tolist() == random_cuts(6, 2, 1, 3, 1).tolist()
+
+
+def test_block_labels_end_with_eos_then_pad():
+    pad, eos = 1, 2
+    target = torch.tensor([[7, 8, 9, eos], [7, eos, pad, pad]])  # y_1 .. y_n
+    starts = torch.tensor([[1, 4], [2, 1]])
+    labels = block_labels(target, starts, 3, pad)
+    assert labels.tolist() == [[[7, 8, 9], [eos, pad, pad]], [[eos, pad, pad], [7, eos, pad]]]
+
+
+def test_glancing_and_acceptance_counts():
+    pad, eos = 1, 2
+    labels = torch.tensor([[[5, 6, 7, eos, pad, pad]]])
+    predicted = torch.tensor([[[5, 6, 9, 9, 9, 9]]])
+    assert accepted_lengths(predicted, labels, pad).tolist() == [[2]]
+    assert accepted_lengths(labels, labels, pad).tolist() == [[4]]  # stops after eos
+    torch.manual_seed(0)
+    glance = glance_tokens(predicted, labels, 0.5, pad)  # 2 wrong -> 1 gold input
+    chosen = glance.ne(pad)
+    assert int(chosen.sum()) == 1 and torch.equal(glance[chosen], labels[chosen])
+    assert glance_tokens(predicted, labels, 0.0, pad).eq(pad).all()
+    assert parse_glat_schedule("0.5:0.1@100") == (0.5, 0.1, 100)
+    assert glat_ratio((0.5, 0.1, 100), 50) == pytest.approx(0.3)
+    assert glat_ratio((0.5, 0.1, 100), 500) == pytest.approx(0.1)
+    assert glat_ratio(parse_glat_schedule("0.3"), 7) == 0.3
+    with pytest.raises(ValueError, match="START:END@UPDATES"):
+        parse_glat_schedule("half")
+
+
+def test_criterion_glances_in_training_and_counts_blocks_in_validation():
+    from fairseq import metrics
+
+    from cmasd.criterion import SpecDrafterLoss
+
+    drafter, _, dictionary = tiny_drafter()
+    pad, eos = dictionary.pad(), dictionary.eos()
+    gen = torch.Generator().manual_seed(6)
+    src, src_lengths = source_batch(dictionary, gen, 2)
+    target = random_tokens(dictionary, (2, 6), gen)
+    target[0, 5] = eos
+    target[1, 3], target[1, 4:] = eos, pad  # a shorter target
+    # teacher forcing as fairseq: eos moved to the front, pad where the target is pad
+    prev = torch.cat([torch.full((2, 1), eos), target[:, :-1]], dim=1).masked_fill(target.eq(pad), pad)
+    sample = {
+        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
+        "target": target,
+        "block_starts": torch.tensor([[1, 4], [2, 4]]),
+    }
+    labelled = int(block_labels(target, sample["block_starts"], BLOCK, pad).ne(pad).sum())
+    task = tiny_task(dictionary)
+
+    plain = SpecDrafterLoss(task, label_smoothing=0.1, glat_schedule="0")
+    drafter.train()
+    _, sample_size, log = plain(drafter, sample)
+    assert sample_size == labelled and "blocks" not in log
+
+    drafter.set_num_updates(0)
+    glancing = SpecDrafterLoss(task, label_smoothing=0.1, glat_schedule="1:0@10")
+    loss, sample_size, log = glancing(drafter, sample)  # ratio 1: every wrong count glanced
+    assert sample_size < labelled and log["glat_weighted"] == sample_size
+    loss.backward()
+    assert drafter.decoder.mask_embedding.grad is not None
+    assert all(p.grad is None for p in drafter.encoder.parameters())  # frozen
+
+    drafter.eval()
+    with torch.no_grad():
+        _, sample_size, log = glancing(drafter, sample)  # validation: no glancing
+    assert sample_size == labelled
+    assert log["blocks"] == 4 and log["labelled1"] == 4 and f"hit{BLOCK}" in log
+    with metrics.aggregate() as agg:
+        SpecDrafterLoss.reduce_metrics([log, log])
+        figures = agg.get_smoothed_values()
+    assert {"loss", "nll_loss", "exp_accept", "acc@1", f"acc@{BLOCK}"} <= set(figures)
+    assert not any(name.startswith("_") for name in figures)
+    assert figures["acc@1"] == pytest.approx(100 * log["hit1"] / 4, abs=0.01)
