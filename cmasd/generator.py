@@ -11,6 +11,7 @@ same minimum length, pad never chosen, the unknown-word penalty, and the same sc
 normalisation; with the ``exact`` acceptance rule the output equals its output.
 """
 
+import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +23,8 @@ from torch import Tensor
 from cmasd.acceptance import Proposal
 from cmasd.kv_cache import BlockScorer, VerifierCache
 from cmasd.metrics import DecodeStats
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class SpeculativeGenerator:
         max_len = self.rules.max_len(src_len)
         capacity = max_len + self.block + 2
 
+        self.warn_empty_sources(sample)
         encoder_out = self.model.encoder.forward_torchscript(net_input)
         state = self.start(encoder_out, net_input, bsz, capacity)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
@@ -115,6 +119,18 @@ class SpeculativeGenerator:
                 state = state.select((~done).nonzero().flatten())
         self.stats.sentences += bsz
         return finished
+
+    @staticmethod
+    def warn_empty_sources(sample: Dict[str, Any]) -> None:
+        """Name the sentences whose source is empty (end-of-sentence only): they are
+        decoded as fairseq decodes them, so every input still gets one hypothesis."""
+        empty = sample["net_input"]["src_lengths"] <= 1  # (B,)
+        if empty.any():
+            ids = sample["id"][empty].tolist() if "id" in sample else empty.nonzero().flatten().tolist()
+            logger.warning(
+                "empty source line(s), sentence id(s) %s: decoded from the end-of-sentence token alone",
+                ", ".join(map(str, ids)),
+            )
 
     def start(self, encoder_out, net_input, bsz: int, capacity: int) -> DecodeState:
         device = net_input["src_tokens"].device

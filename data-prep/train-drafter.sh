@@ -63,8 +63,11 @@ import sys
 import torch
 from cmasd.checkpoint import allow_fairseq_checkpoints
 allow_fairseq_checkpoints()
-state = torch.load(sys.argv[1], map_location="cpu")
-print(state["model"]["decoder.embed_tokens.weight"].size(1))
+try:
+    state = torch.load(sys.argv[1], map_location="cpu")
+    print(state["model"]["decoder.embed_tokens.weight"].size(1))
+except Exception as e:  # one message, not a traceback; the script adds its own line
+    sys.exit(f"{type(e).__name__}: {e}")
 EOF
 )" || die "cannot read the verifier checkpoint $VERIFIER"
 if (( WIDTH <= 256 )); then ARCH=spec_drafter_compact; else ARCH=spec_drafter_base; fi

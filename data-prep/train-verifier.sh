@@ -23,10 +23,10 @@ Further options go to fairseq-train unchanged and win over the recipe's, e.g.
   --max-update 200, --max-epoch 30, --stop-time-hours 1.5, --no-epoch-checkpoints, --patience 5
 --cpu is added when torch sees no CUDA GPU.
 
-Checkpoints and the training log: $CMASD_ROOT/checkpoints/verifier-<DATASET name>-<SIZE>/
-(checkpoint_best.pt, checkpoint_last.pt, checkpoint<epoch>.pt, train.log).  A rerun resumes
-from checkpoint_last.pt (fairseq's own behaviour); then --user-dir fairseq_plugins is added,
-whose import lets torch >= 2.6 load fairseq checkpoints.
+Checkpoints and the training log: $CMASD_ROOT/checkpoints/verifier-<DATASET name>-<SIZE>/,
+or the --save-dir given (checkpoint_best.pt, checkpoint_last.pt, checkpoint<epoch>.pt,
+train.log).  A rerun resumes from checkpoint_last.pt (fairseq's own behaviour); then
+--user-dir fairseq_plugins is added, whose import lets torch >= 2.6 load fairseq checkpoints.
 Environment: CMASD_PYTHON (python with fairseq).
 EOF
 }
@@ -88,6 +88,14 @@ shopt -u nullglob
   "a test-only set (such as cnndm-sample) cannot be trained on"
 NAME="$(basename "$DATA")"
 SAVE="$CMASD_ROOT/checkpoints/verifier-$NAME-$SIZE"
+# a --save-dir of the caller moves the checkpoints, the log and the resume check there
+prev=""
+for arg in "$@"; do
+  [[ "$prev" == --save-dir ]] && SAVE="$arg"
+  [[ "$arg" == --save-dir=* ]] && SAVE="${arg#--save-dir=}"
+  prev="$arg"
+done
+SAVE="$(abs_path "$SAVE")"
 mkdir -p "$SAVE"
 
 DEVICE_ARGS=()

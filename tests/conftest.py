@@ -23,10 +23,18 @@ def mirror_dir():
     return Path(path)
 
 
+def tool_env(**extra):
+    """The environment of the commands tests run: the venv's tools first, and one
+    torch/OpenMP thread (tiny models; two spinning threads per process on a shared
+    two-core machine made fairseq-generate about 40x slower)."""
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
 def run(cmd, **kwargs):
     """Run a command, failing the test with its output when it fails."""
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    env.update(kwargs.pop("env", {}))
+    env = tool_env(**kwargs.pop("env", {}))
     proc = subprocess.run(
         [str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=kwargs.pop("cwd", REPO), **kwargs
     )

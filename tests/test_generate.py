@@ -1,0 +1,215 @@
+"""Speculative generation through fairseq's own door: ``fairseq-generate --user-dir
+fairseq_plugins --task translation_speculative --drafter-path ...``.
+
+The proof of the generator: with ``--spec-acceptance exact`` it prints the same
+hypotheses as ``fairseq-generate --beam 1`` with the same verifier, token for token, at
+batch sizes 1, 7 and 16, with a trained and with an untrained drafter, and with both
+draft-length controllers. Then bad input: refused options, missing and mismatched
+drafters, empty and over-long source lines.
+
+The probe set is real Multi30k test text (the first sentences of test_2016_flickr, with
+one empty source line added), encoded with the data-bin's sentencepiece model and
+binarized with its dictionary.
+"""
+
+import re
+import subprocess
+
+import pytest
+import torch
+from conftest import BIN, PLUGINS, REPO, run, tool_env
+
+PROBE_SENTENCES = 96
+EMPTY_AT = 5  # index of the empty source line in the probe set
+
+
+def binarize(data, dest, pairs):
+    """Binarize (source, target) raw text pairs as the ``test`` split of ``dest`` with
+    the sentencepiece model and dictionary of data-bin ``data``."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    dest.mkdir(parents=True)
+    for side, lang in ((0, "en"), (1, "de")):
+        lines = [" ".join(sp.encode(pair[side].strip(), out_type=str)) for pair in pairs]
+        (dest / f"test.{lang}").write_text("".join(line + "\n" for line in lines))
+    run(
+        [BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
+         "--testpref", dest / "test", "--destdir", dest, "--srcdict", data / "dict.en.txt",
+         "--joined-dictionary", "--workers", "1"]
+    )
+    return dest
+
+
+def raw_pairs(data, count):
+    sources = (data / "raw" / "test.en").read_text().splitlines()[:count]
+    targets = (data / "raw" / "test.de").read_text().splitlines()[:count]
+    return list(zip(sources, targets))
+
+
+@pytest.fixture(scope="module")
+def probe(multi30k, tmp_path_factory):
+    pairs = raw_pairs(multi30k, PROBE_SENTENCES)
+    pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
+    return binarize(multi30k, tmp_path_factory.mktemp("probe") / "bin", pairs)
+
+
+@pytest.fixture(scope="module")
+def untrained_drafter(multi30k, verifier, tmp_path_factory):
+    """A drafter with random decoder layers and one update at a negligible learning
+    rate: its drafts are mostly wrong, which lossless decoding must not notice."""
+    save = tmp_path_factory.mktemp("untrained-drafter")
+    run(
+        ["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, verifier,
+         "--decoder-init", "random", "--max-update", "1", "--lr", "1e-9", "--warmup-updates", "1",
+         "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--seed", "3"]
+    )
+    return save / "checkpoint_last.pt"
+
+
+def generate(data, verifier, *options, check=True):
+    """fairseq-generate on the test split of ``data``; returns the completed process.
+
+    ``--required-batch-size-multiple 1``: with fairseq's default of 8, fairseq 0.12's
+    batching silently drops sentences whenever the batch size is not a multiple of 8 or
+    the split does not divide evenly (97 sentences at --batch-size 16 give 96
+    hypotheses), for its own generator as for ours."""
+    cmd = [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
+           "--path", verifier, "--gen-subset", "test", "--cpu", "--beam", "1",
+           "--required-batch-size-multiple", "1", *options]
+    if check:
+        return run(cmd)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=REPO, env=tool_env())
+
+
+def hypotheses(stdout):
+    """{sentence id: (score, hypothesis tokens)} of fairseq-generate's H lines; fails
+    on an id printed twice."""
+    found = {}
+    for line in stdout.splitlines():
+        match = re.match(r"H-(\d+)\t(\S+)\t(.*)$", line)
+        if match:
+            index = int(match.group(1))
+            assert index not in found, f"sentence {index} has two hypotheses"
+            found[index] = (float(match.group(2)), match.group(3))
+    return found
+
+
+@pytest.fixture(scope="module")
+def greedy(probe, verifier):
+    """fairseq's own greedy output (SequenceGenerator, --beam 1), batch 16."""
+    return hypotheses(generate(probe, verifier, "--batch-size", "16").stdout)
+
+
+def assert_same_hypotheses(spec, greedy):
+    assert sorted(spec) == sorted(greedy) == list(range(PROBE_SENTENCES + 1))
+    different = [i for i in greedy if spec[i][1] != greedy[i][1]]
+    assert not different, f"{len(different)} hypotheses differ, e.g. {different[:5]}"
+    worst = max(abs(spec[i][0] - greedy[i][0]) for i in greedy)
+    assert worst < 1e-3, f"scores differ by up to {worst}"
+
+
+def test_greedy_reference_is_complete(greedy):
+    assert sorted(greedy) == list(range(PROBE_SENTENCES + 1))
+    assert sum(1 for _, tokens in greedy.values() if tokens.strip()) > PROBE_SENTENCES // 2
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 16])
+def test_lossless_equals_beam1_with_trained_drafter(probe, verifier, drafter, greedy, batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-controller", "fixed", "--spec-k", "10", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    # statistics are logged at the end of the run
+    assert "mean accepted tokens/iteration" in proc.stderr
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 16])
+def test_lossless_equals_beam1_with_untrained_drafter(probe, verifier, untrained_drafter, greedy, batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", untrained_drafter,
+                    "--spec-k", "25", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_cmasd_controller_with_exact_acceptance_is_lossless(probe, verifier, drafter, greedy, batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-controller", "cmasd", "--spec-k-min", "2", "--cmasd-alpha", "0.8",
+                    "--cmasd-confidence", "ensemble", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+
+
+def test_lenient_acceptance_decodes_every_line(probe, verifier, drafter):
+    for rule in (["--spec-acceptance", "topk-gap", "--spec-beta", "5", "--spec-tau", "3"],
+                 ["--spec-controller", "cmasd", "--spec-acceptance", "cmasd", "--cmasd-gamma", "2"]):
+        proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter, *rule)
+        assert sorted(hypotheses(proc.stdout)) == list(range(PROBE_SENTENCES + 1))
+
+
+def test_empty_source_line_is_decoded_and_named(probe, verifier, drafter):
+    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter)
+    assert re.search(rf"^S-{EMPTY_AT}\t$", proc.stdout, re.M)
+    assert EMPTY_AT in hypotheses(proc.stdout)
+    assert re.search(rf"empty source.*\b{EMPTY_AT}\b", proc.stderr)
+
+
+def last_line(proc):
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--beam", "5"], "--beam 5"),
+        (["--spec-k", "0"], "--spec-k: must be in [1, 25]"),
+        (["--spec-k", "26"], "--spec-k: must be in [1, 25]"),
+        (["--spec-controller", "cmasd", "--spec-k-min", "9", "--spec-k-max", "4"], "--spec-k-min"),
+        (["--spec-controller", "cmasd", "--cmasd-alpha", "1.5"], "--cmasd-alpha"),
+        (["--spec-acceptance", "cmasd", "--cmasd-gamma", "-1"], "--cmasd-gamma"),
+        (["--cmasd-weights", "0.5,0.5,0.5"], "--cmasd-weights"),
+        (["--sampling"], "--sampling"),
+    ],
+)
+def test_unsupported_options_are_refused(probe, verifier, drafter, options, message):
+    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter, *options, check=False)
+    assert proc.returncode != 0
+    assert message in last_line(proc)
+
+
+def test_missing_drafter_checkpoint(probe, verifier, tmp_path):
+    proc = generate(probe, verifier, "--drafter-path", tmp_path / "none.pt", check=False)
+    assert proc.returncode != 0
+    assert "--drafter-path" in last_line(proc) and "none.pt" in last_line(proc)
+
+
+def test_drafter_of_another_dictionary_is_refused(probe, verifier, drafter, tmp_path):
+    import fairseq_plugins  # noqa: F401  allow-lists fairseq's checkpoint classes
+
+    state = torch.load(drafter, map_location="cpu")
+    state["model"]["dictionary_digest"] = torch.zeros_like(state["model"]["dictionary_digest"])
+    other = tmp_path / "other-dictionary.pt"
+    torch.save(state, other)
+    proc = generate(probe, verifier, "--drafter-path", other, check=False)
+    assert proc.returncode != 0
+    assert "drafter dictionary" in last_line(proc) and "differs from the verifier's" in last_line(proc)
+
+
+@pytest.fixture(scope="module")
+def with_long_source(multi30k, tmp_path_factory):
+    """Four real pairs and, at index 2, a source of about 1,300 tokens: longer than the
+    verifier's 1,024 source positions."""
+    pairs = raw_pairs(multi30k, 4)
+    pairs.insert(2, (" ".join([pairs[0][0]] * 100), pairs[0][1]))
+    return binarize(multi30k, tmp_path_factory.mktemp("long") / "bin", pairs)
+
+
+def test_over_long_source_raises_as_fairseq_does(with_long_source, verifier, drafter):
+    proc = generate(with_long_source, verifier, "--drafter-path", drafter, check=False)
+    assert proc.returncode != 0
+    assert "--skip-invalid-size-inputs-valid-test" in proc.stderr
+
+
+def test_over_long_source_is_skipped_on_request(with_long_source, verifier, drafter):
+    proc = generate(with_long_source, verifier, "--drafter-path", drafter, "--batch-size", "2",
+                    "--skip-invalid-size-inputs-valid-test")
+    assert sorted(hypotheses(proc.stdout)) == [0, 1, 3, 4]
+    assert "skipped" in proc.stderr
