@@ -1,0 +1,139 @@
+"""cmasd-bench and cmasd-tune end to end on a handful of Multi30k sentences, with the
+session's tiny verifier and drafter (conftest.py). Behaviour only: what the reports
+contain and that lossless decoding is lossless. Speed is never asserted."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import BIN, run
+
+from cmasd.bench import CONFIGS, resolve_configs
+from cmasd.tune import pareto_front
+
+BENCH_CONFIGS = ["beam5", "greedy", "specdec-k10-exact", "cmasd"]
+BATCH_SIZES = [1, 4]
+SPECULATIVE_STATS = ["rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration"]
+QUALITY = ["bleu", "bleu_vs_greedy", "exact_match_vs_greedy"]
+
+
+def not_applicable(row):
+    """The columns that are n/a (null) by design for this row's kind."""
+    if row["kind"] == "floor":
+        return set(QUALITY + SPECULATIVE_STATS + ["mean_accepted_tokens"])
+    if row["kind"] == "fairseq":
+        return set(SPECULATIVE_STATS + ([] if row["config"] == "greedy" else ["mean_accepted_tokens"]))
+    return set()
+
+
+@pytest.fixture(scope="module")
+def bench_out(multi30k, verifier, drafter, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter,
+         "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
+         "--repeats", "1", "--warmup", "1", "--configs", ",".join(BENCH_CONFIGS),
+         "--threads", "1", "--out-dir", out])
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench_json(bench_out):
+    return json.loads((bench_out / "bench.json").read_text())
+
+
+def rows_of(record, name):
+    return {r["batch_size"]: r for r in record["rows"] if r["config"] == name}
+
+
+def test_bench_has_every_row(bench_json):
+    got = {(r["config"], r["batch_size"]) for r in bench_json["rows"]}
+    assert got == {(c, bs) for c in BENCH_CONFIGS + ["floor"] for bs in BATCH_SIZES}
+    assert all(r["sentences"] == 12 for r in bench_json["rows"])
+
+
+def test_bench_columns_present_and_finite(bench_json):
+    for row in bench_json["rows"]:
+        for column in bench_json["columns"]:
+            assert column in row, (row["config"], column)
+            value = row[column]
+            if column in not_applicable(row):
+                assert value is None, (row["config"], column, value)
+            elif not isinstance(value, str):
+                assert value is not None and math.isfinite(value), (row["config"], row["batch_size"], column)
+
+
+def test_greedy_is_its_own_reference(bench_json):
+    for row in rows_of(bench_json, "greedy").values():
+        assert row["bleu_vs_greedy"] == pytest.approx(100.0)
+        assert row["exact_match_vs_greedy"] == 1.0
+        assert row["mean_accepted_tokens"] == 1.0
+
+
+def test_lossless_configuration_matches_greedy(bench_json):
+    for row in rows_of(bench_json, "specdec-k10-exact").values():
+        assert row["exact_match_vs_greedy"] == 1.0
+        assert row["bleu_vs_greedy"] == pytest.approx(100.0)
+
+
+def test_bench_records_how_it_ran(bench_json):
+    assert bench_json["command"][0].endswith("cmasd-bench") and "--max-sentences" in bench_json["command"]
+    assert {"python", "torch", "fairseq", "sacrebleu", "sentencepiece"} <= set(bench_json["versions"])
+    assert bench_json["threads"] == 1
+    assert bench_json["configs"]["cmasd"]["options"]["spec_controller"] == "cmasd"
+    assert bench_json["configs"]["specdec-k10-exact"]["options"]["spec_acceptance"] == "exact"
+
+
+def test_bench_writes_table_and_figure(bench_out):
+    table = (bench_out / "bench.md").read_text()
+    assert all(f"| {name} |" in table for name in BENCH_CONFIGS + ["floor"])
+    png = (bench_out / "latency-throughput.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_tune_grid_and_front(multi30k, verifier, drafter, tmp_path):
+    run([BIN / "cmasd-tune", multi30k, "--path", verifier, "--drafter-path", drafter,
+         "--gen-subset", "valid", "--max-sentences", "6", "--batch-size", "2",
+         "--alpha", "0.5,1.0", "--gamma", "0.0,1.0", "--tau-base", "0.1", "--k-min", "1", "--k-max", "10",
+         "--repeats", "1", "--warmup", "0", "--threads", "1", "--out-dir", tmp_path])
+    record = json.loads((tmp_path / "tune.json").read_text())
+    points = record["points"]
+    assert len(points) == 4
+    for point in points:
+        assert math.isfinite(point["bleu"]) and math.isfinite(point["seconds_mean"])
+        assert math.isfinite(point["speedup_vs_greedy"])
+    assert record["front"] and set(record["front"]) <= {p["config"] for p in points}
+    assert (tmp_path / "tune.md").is_file() and (tmp_path / "tune.png").is_file()
+
+
+def test_pareto_front_keeps_undominated_points():
+    rows = [
+        {"config": "fast", "speedup_vs_greedy": 3.0, "bleu": 20.0},
+        {"config": "good", "speedup_vs_greedy": 1.5, "bleu": 25.0},
+        {"config": "worse", "speedup_vs_greedy": 1.4, "bleu": 24.0},
+        {"config": "tie", "speedup_vs_greedy": 3.0, "bleu": 20.0},
+    ]
+    assert [r["config"] for r in pareto_front(rows, "bleu")] == ["fast", "tie", "good"]
+
+
+def test_configs_parse_adhoc_definitions():
+    configs = resolve_configs("cmasd,mine:base=cmasd;cmasd_weights=0.5,0.25,0.25;spec_k_max=none,beam5")
+    assert [c.name for c in configs] == ["greedy", "cmasd", "mine", "beam5"]
+    mine = configs[2]
+    assert mine.overrides["cmasd_weights"] == "0.5,0.25,0.25"
+    assert mine.overrides["spec_k_max"] is None
+    assert mine.overrides["spec_controller"] == CONFIGS["cmasd"].overrides["spec_controller"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["/no/such/dir", "--path", "/no/such.pt"], "data directory not found"),
+    (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,nope"], "unknown configuration 'nope'"),
+    (["/no/such/dir", "--path", "/no/such.pt", "--batch-sizes", "0"], "--batch-sizes"),
+])
+def test_bench_errors_are_one_line(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "cmasd.bench", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
