@@ -12,7 +12,8 @@ What it does, in order:
 1. loads the verifier (a fairseq ``translation`` checkpoint), the Spec-Drafter and
    the split once, and builds every batch of every batch size up front, so data
    loading and collation stay outside the timed region;
-2. runs ``--warmup`` unrecorded passes, then ``--repeats`` recorded passes; each pass
+2. runs ``--warmup`` unrecorded passes over the first ``--warmup-batches`` batches of
+   each batch size, then ``--repeats`` recorded passes; each recorded pass
    decodes the whole split with every configuration at every batch size, so the
    repetitions are interleaved across configurations (rep 1: all, rep 2: all, ...);
    only ``generate`` calls are timed (``time.perf_counter``, after a CUDA
@@ -268,6 +269,8 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     parser.add_argument("--max-sentences", type=int, help="decode only the first N sentences of the split")
     parser.add_argument("--repeats", type=int, help="recorded passes over the split")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded passes first (default: 1)")
+    parser.add_argument("--warmup-batches", type=int, default=8,
+                        help="batches per batch size in an unrecorded pass (default: %(default)s; 0: all)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch CPU threads (default: torch's current, %(default)s here)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even where CUDA is available")
@@ -314,8 +317,8 @@ def check_args(args) -> None:
         raise BenchError(f"--path: no checkpoint file at {args.path!r}")
     if args.drafter_path is not None and not os.path.isfile(args.drafter_path):
         raise BenchError(f"--drafter-path: no checkpoint file at {args.drafter_path!r}")
-    if args.repeats < 1 or args.warmup < 0:
-        raise BenchError("--repeats must be >= 1 and --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0 or args.warmup_batches < 0:
+        raise BenchError("--repeats must be >= 1, --warmup and --warmup-batches >= 0")
     if args.threads < 1:
         raise BenchError(f"--threads: must be >= 1, got {args.threads}")
     if args.max_sentences is not None and args.max_sentences < 1:
@@ -539,8 +542,9 @@ class Measurements:
 
 
 def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[int, list], warmup: int,
-                repeats: int) -> Measurements:
-    """``warmup`` unrecorded then ``repeats`` recorded passes; each pass runs every
+                repeats: int, warmup_batches: int = 0) -> Measurements:
+    """``warmup`` unrecorded passes (over the first ``warmup_batches`` batches of each
+    batch size; 0: all), then ``repeats`` recorded passes; each pass runs every
     configuration and the floor at every batch size."""
     tgt_dict = setup.task.target_dictionary
     floor_inputs: Dict[int, list] = {}
@@ -548,15 +552,17 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
     for n in range(warmup + repeats):
         recorded = n >= warmup
         label = f"rep {n - warmup + 1}/{repeats}" if recorded else f"warm-up {n + 1}/{warmup}"
-        for bs, bs_batches in batches.items():
+        for bs, all_batches in batches.items():
+            bs_batches = all_batches if recorded or not warmup_batches else all_batches[:warmup_batches]
             for name, generator in generators.items():
                 run = decode_split(generator, setup, bs_batches)
-                if bs not in floor_inputs and name == GREEDY:
+                if bs not in floor_inputs and name == GREEDY and bs_batches is all_batches:
                     floor_inputs[bs] = [
                         teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad()) for s in bs_batches
                     ]
                 log_run(label, name, bs, run, recorded, out)
-            log_run(label, FLOOR, bs, score_split(setup, floor_inputs[bs]), recorded, out)
+            if bs in floor_inputs:
+                log_run(label, FLOOR, bs, score_split(setup, floor_inputs[bs][: len(bs_batches)]), recorded, out)
     return out
 
 
@@ -937,7 +943,7 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
     """Build the generators and batches, measure, and make the rows."""
     generators = {c.name: build_generator(bench.setup, c, global_overrides, args.drafter_path) for c in configs}
     batches = {bs: build_batches(bench.setup, bs) for bs in batch_sizes}
-    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats)
+    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches)
     return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
 
 
@@ -949,6 +955,7 @@ def report_record(args, bench: Bench, configs, global_overrides, rows, extra=Non
         "detokenizer": f"sentencepiece {bench.spm_path}" if bench.spm_path else "fairseq post_process sentencepiece",
         "repeats": args.repeats,
         "warmup": args.warmup,
+        "warmup_batches": args.warmup_batches,
         "global_overrides": dict(global_overrides),
         "configs": {c.name: config_record(c, global_overrides, args.drafter_path) for c in configs},
         "columns": columns(args.metric),

@@ -1,9 +1,10 @@
 """Draft-length controllers: how many drafted tokens each row sends to the verifier.
 
 A controller has two methods: ``propose(confidence)`` maps the drafter's confidence
-in each of its k_max drafted positions (B, k_max) to a draft length per row (B,), and
-``observe(proposed, accepted)`` hears back how many were accepted (controllers that
-adapt over time use it; the ones here are stateless).
+in its first ``horizon`` drafted positions (B, horizon) to a draft length per row (B,)
+of at most ``horizon``, and ``observe(proposed, accepted)`` hears back how many were
+accepted (controllers that adapt over time use it; the ones here are stateless).
+``horizon`` tells the generator how many drafted positions to compute at all.
 """
 
 from typing import Dict
@@ -19,6 +20,7 @@ class Fixed:
         if not 1 <= k <= k_max:
             raise ValueError(f"--spec-k: must be in [1, {k_max}] (the drafter's block), got {k}")
         self.k = k
+        self.horizon = k
 
     def propose(self, confidence: Tensor) -> Tensor:
         return torch.full(confidence.shape[:1], self.k, dtype=torch.long, device=confidence.device)
@@ -39,6 +41,7 @@ class ConfidenceScaled:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
         self.k_min, self.k_max, self.alpha = k_min, k_max, alpha
+        self.horizon = k_max
 
     def propose(self, confidence: Tensor) -> Tensor:
         mean = confidence[:, : self.k_max].mean(dim=1)  # (B,)

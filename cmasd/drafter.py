@@ -306,13 +306,17 @@ class SpecDrafterDecoder(TransformerDecoderBase):
         )
 
     @torch.no_grad()
-    def draft(self, state: DrafterState, tokens: Tensor, lengths: Tensor) -> Tuple[Tensor, DrafterState]:
+    def draft(
+        self, state: DrafterState, tokens: Tensor, lengths: Tensor, slots: Optional[int] = None
+    ) -> Tuple[Tensor, DrafterState]:
         """Draft the k_max tokens after each row's accepted prefix.
 
         tokens (B, T): accepted sequences, BOS (eos) first, right-padded; lengths (B,):
         valid tokens per row, BOS included. Feeds the tokens not yet cached (indices
         ``cached .. lengths-1``, ragged, padded to the longest) and the k_max slots;
-        returns logits (B, k_max, V) for indices ``lengths .. lengths + k_max - 1`` and
+        returns logits (B, slots, V) for indices ``lengths .. lengths + slots - 1``
+        (``slots`` <= k_max, default k_max: every slot runs through the layers, but
+        only the first ``slots`` are projected to the vocabulary, the costly part) and
         the state with ``cached = lengths``.
         """
         bsz, width = tokens.shape
@@ -367,7 +371,8 @@ class SpecDrafterDecoder(TransformerDecoderBase):
             return keys, values, mask
 
         states = decoder_states(self, x, self_keys, list(state.cross), state.cross_mask)  # (B, N + K, C)
-        logits = output_logits(self, states[:, most_new:])  # (B, K, V)
+        slots = block if slots is None else slots
+        logits = output_logits(self, states[:, most_new : most_new + slots])  # (B, slots, V)
         return logits, dataclasses.replace(state, cached=lengths.clone())
 
 
@@ -506,10 +511,12 @@ class SpecDrafterModel(FairseqEncoderDecoderModel):
         ``encoder_out``: the verifier's encoder output (frozen encoder), else ``encode``'s."""
         return self.decoder.start(encoder_out, max_len)
 
-    def draft(self, state: DrafterState, tokens: Tensor, lengths: Tensor) -> Tuple[Tensor, DrafterState]:
-        """Logits (B, k_max, V) for indices ``lengths .. lengths + k_max - 1``; see
-        ``SpecDrafterDecoder.draft``."""
-        return self.decoder.draft(state, tokens, lengths)
+    def draft(
+        self, state: DrafterState, tokens: Tensor, lengths: Tensor, slots: Optional[int] = None
+    ) -> Tuple[Tensor, DrafterState]:
+        """Logits (B, slots, V) for indices ``lengths .. lengths + slots - 1`` (default:
+        all k_max slots); see ``SpecDrafterDecoder.draft``."""
+        return self.decoder.draft(state, tokens, lengths, slots)
 
     def check_dictionary(self, dictionary) -> None:
         """Refuse a verifier dictionary other than the one the drafter was trained on."""

@@ -154,7 +154,10 @@ class SpeculativeGenerator:
         """One draft/verify iteration of every active row. Returns the new state and
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
-        draft_logits, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths)
+        # (B, horizon, V): only the positions the controller can send are projected
+        draft_logits, drafter_state = self.drafter.draft(
+            state.drafter, state.tokens, state.lengths, slots=self.controller.horizon
+        )
         confidence = self.confidence(draft_logits)  # (B, K)
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
@@ -169,7 +172,7 @@ class SpeculativeGenerator:
         state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
         t2 = now(state.tokens)
 
-        self.stats.observe(k, accepted, gained, confidence[:, : self.block].mean(dim=1))
+        self.stats.observe(k, accepted, gained, confidence.mean(dim=1))
         self.stats.draft_seconds += t1 - t0
         self.stats.verify_seconds += t2 - t1
         return replace(state, drafter=drafter_state), done

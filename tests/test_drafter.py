@@ -199,6 +199,19 @@ def test_row_selection_keeps_rows_consistent():
     torch.testing.assert_close(logits, fresh, rtol=0, atol=1e-5)
 
 
+def test_projecting_fewer_slots_keeps_their_logits():
+    drafter, verifier, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(5)
+    src, src_lengths = source_batch(dictionary, gen, 2)
+    with torch.no_grad():
+        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
+    full, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths)  # (B, K, V)
+    first, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
+    assert first.shape == (2, 2, full.size(-1))
+    torch.testing.assert_close(first, full[:, :2], rtol=0, atol=1e-6)
+
+
 def test_drafting_refuses_rollback_and_overflow():
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(5)

@@ -221,7 +221,8 @@ def test_every_controller_has_a_test_constructor():
 @pytest.mark.parametrize("name", sorted(CONTROLLERS))
 def test_controller_contract(name):
     controller = CONTROLLER_CASES[name]()
-    k = controller.propose(torch.rand(7, 25))
+    assert 1 <= controller.horizon <= 25
+    k = controller.propose(torch.rand(7, controller.horizon))
     assert k.shape == (7,) and k.dtype == torch.long
-    assert ((k >= 1) & (k <= 25)).all()
+    assert ((k >= 1) & (k <= controller.horizon)).all()
     controller.observe(k, torch.zeros_like(k))
