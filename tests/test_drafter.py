@@ -6,7 +6,6 @@ import argparse
 import os
 import types
 
-import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary, LanguagePairDataset
