@@ -29,8 +29,9 @@ Options:
 Options after "--" go to fairseq-generate (e.g. --fp16, --max-len-b 250).
 
 Resumable: each shard's output goes to DEST/generate/; a finished shard has a marker
-(DEST/generate/shard-I-of-N.done, holding the verifier checksum and options) and is not
-generated again; changing the verifier or the options regenerates. fairseq-generate's own
+(DEST/generate/shard-I-of-N.done, holding the verifier checksum, the batch size and the
+options) and is not generated again; changing any of them regenerates. The batch size
+decides which sentences each shard holds: keep it the same on every machine. fairseq-generate's own
 progress is shown on stderr. Checks: per shard, one hypothesis per source and no id twice;
 in all, ids 0..n-1 for the n training sentences of DATASET.
 Uses --cpu when torch sees no CUDA device. Environment: CMASD_PYTHON.
@@ -87,11 +88,18 @@ PAIR="$(basename "${TRAIN_IDX[0]}")"; PAIR="${PAIR#train.}"; PAIR="${PAIR%%.*}"
 SRC="${PAIR%-*}"; TGT="${PAIR#*-}"
 [[ -f "$DATA/dict.$SRC.txt" ]] || die "missing $DATA/dict.$SRC.txt"
 N_TRAIN="$("${PREP[@]}" count-bin "$DATA/train.$PAIR.$SRC.idx" | cut -f2)"
+(( SHARDS <= N_TRAIN )) || die "--shards $SHARDS is more than the $N_TRAIN training sentences"
+# fairseq shards whole batches and pads a shard left without one with an empty batch, on
+# which fairseq-generate dies (ZeroDivisionError): make sure there are at least SHARDS batches.
+if (( BATCH * SHARDS > N_TRAIN )); then
+  BATCH=$(( N_TRAIN / SHARDS ))
+  log "batch size lowered to $BATCH so that each of the $SHARDS shards gets at least one batch"
+fi
 log "distilling $N_TRAIN training sentences of $DATA ($SRC -> $TGT) with $VERIFIER, beam $BEAM, $SHARDS shard(s)"
 
 DEVICE=()
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=(--cpu)
-SIGNATURE="verifier=$(file_id "$VERIFIER") beam=$BEAM data=$(file_id "$DATA/train.$PAIR.$SRC.idx") args=${GENERATE_ARGS[*]-}"
+SIGNATURE="verifier=$(file_id "$VERIFIER") beam=$BEAM batch=$BATCH data=$(file_id "$DATA/train.$PAIR.$SRC.idx") args=${GENERATE_ARGS[*]-}"
 WORK="$DEST/generate"
 mkdir -p "$WORK"
 
