@@ -21,8 +21,12 @@ stopped (paths relative to the repository root):
   2 verifier  VERIFIER if set; else data-prep/train-verifier.sh DATA compact, time-bounded
               -> checkpoints/demo/verifier/checkpoint_best.pt
   3 distill   data-prep/distill.sh: the verifier's greedy translations of the training
-              sources -> data-bin/demo-multi30k-distill
-  4 drafter   data-prep/train-drafter.sh on the distilled data, time-bounded
+              sources, at most 1.5 x source length + 10 tokens (--max-len-a 1.5
+              --max-len-b 10: fairseq's default of 200 lets one degenerate sentence hold
+              its whole batch for 200 steps) -> data-bin/demo-multi30k-distill
+  4 drafter   data-prep/train-drafter.sh on the distilled data, time-bounded, with a
+              schedule for short runs (--lr 1e-3 --warmup-updates 100 --drafter-cuts 2:
+              the recipe's 1,000 warm-up updates are about an hour on 2 CPU cores)
               -> checkpoints/demo/drafter/checkpoint_best.pt
   5 bench     cmasd-bench on the test split, default configurations -> checkpoints/demo/
               bench.md, bench.json, latency-throughput.png; the table is printed at the end
@@ -179,7 +183,8 @@ fi
 # ------------------------------------------------------------------ 3 distill
 
 stage_begin distill "the verifier's translations of the training sources -> $DISTILLED"
-logged bash "$CMASD_ROOT/data-prep/distill.sh" "$DATA" "$VERIFIER_PT" --dest "$DISTILLED"
+logged bash "$CMASD_ROOT/data-prep/distill.sh" "$DATA" "$VERIFIER_PT" --dest "$DISTILLED" \
+  -- --max-len-a 1.5 --max-len-b 10
 # distill.sh checks the verifier's checksum and its options itself
 if grep -q '^\[cmasd prep\] skip: binarize (done)' "$LOGS/distill.log"; then stage_end skipped; else stage_end ran; fi
 
@@ -199,7 +204,7 @@ else
   stage_begin drafter "training the drafter for at most $DRAFTER_HOURS h or $DRAFTER_UPDATES updates -> $OUT/drafter"
   rm -f "$OUT/.drafter-done"
   logged bash "$CMASD_ROOT/data-prep/train-drafter.sh" "$DISTILLED" "$VERIFIER_PT" \
-    --save-dir "$OUT/drafter" --stop-time-hours "$DRAFTER_HOURS" --max-update "$DRAFTER_UPDATES" \
+    --lr 1e-3 --warmup-updates 100 --drafter-cuts 2 --save-dir "$OUT/drafter" --stop-time-hours "$DRAFTER_HOURS" --max-update "$DRAFTER_UPDATES" \
     --no-epoch-checkpoints
   [[ -f "$DRAFTER_PT" ]] || die "training ended without $DRAFTER_PT (see $LOGS/drafter.log)"
   printf '%s\n' "$DRAFTER_FOR" > "$OUT/.drafter-done"
