@@ -21,6 +21,9 @@ step that touches text, so that the same rules apply to every corpus:
     Length/ratio filtering of a parallel corpus (as Moses' clean-corpus-n),
     WMT SGML to plain text, references to JSON lists, and sentence counts of
     binarized fairseq splits.
+``compare-hyps --sentences N A B``
+    Whether two fairseq-generate outputs hold the same hypotheses (``H-`` lines),
+    sentence by sentence: exit code 0 when they do, 1 (with the ids) when not.
 
 Errors are reported as one line, ``cmasd-prep: error: ...``, with exit code 2.
 """
@@ -393,6 +396,51 @@ def cmd_count_bin(args: argparse.Namespace) -> None:
         print(f"{name}\t{n_sentences}\t{n_tokens}")
 
 
+def read_hypotheses(path: str, n_sentences: int) -> dict:
+    """{sentence id: hypothesis text} from the ``H-`` lines of a fairseq-generate output,
+    which must hold each id 0 .. n_sentences - 1 exactly once."""
+    _require_file(path, "fairseq-generate output")
+    found: dict = {}
+    twice = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.startswith("H-"):
+                continue
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 3 or not fields[0][2:].isdigit():
+                raise PrepError(f"{path}:{number}: not an H-ID<TAB>SCORE<TAB>TOKENS line")
+            sentence = int(fields[0][2:])
+            if sentence in found:
+                twice.append(sentence)
+            found[sentence] = fields[2]
+    missing = [i for i in range(n_sentences) if i not in found]
+    extra = sorted(i for i in found if i >= n_sentences)
+    if missing or twice or extra:
+        raise PrepError(
+            f"{path}: {len(found)} hypotheses for {n_sentences} sentences"
+            f" (missing ids {_some(missing)}, ids twice {_some(twice)}, ids out of range {_some(extra)})"
+        )
+    return found
+
+
+def _some(ids: list, shown: int = 10) -> str:
+    """At most ``shown`` ids, for messages."""
+    if not ids:
+        return "none"
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(map(str, ids[:shown])) + more
+
+
+def cmd_compare_hyps(args: argparse.Namespace) -> int:
+    """``compare-hyps --sentences N A B``: 0 when A and B hold the same hypotheses."""
+    first = read_hypotheses(args.first, args.sentences)
+    second = read_hypotheses(args.second, args.sentences)
+    different = [i for i in range(args.sentences) if first[i] != second[i]]
+    print(f"{args.sentences} sentences, {len(different)} different"
+          + (f" (ids {_some(different, 20)})" if different else ""))
+    return 1 if different else 0
+
+
 # ------------------------------------------------------------------------ cli
 
 
@@ -508,6 +556,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("count-bin", help="sentences and tokens of fairseq .idx files")
     p.add_argument("index", metavar="IDX", nargs="+")
     p.set_defaults(func=cmd_count_bin)
+
+    p = sub.add_parser(
+        "compare-hyps", help="do two fairseq-generate outputs hold the same hypotheses?"
+    )
+    p.add_argument("--sentences", required=True, type=_int_arg,
+                   help="the ids must be exactly 0 .. N-1, once each, in both")
+    p.add_argument("first", metavar="A")
+    p.add_argument("second", metavar="B")
+    p.set_defaults(func=cmd_compare_hyps)
     return parser
 
 
@@ -515,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand; return the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except PrepError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -526,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 def cli_main() -> None:

@@ -8,36 +8,45 @@ usage() {
   cat <<'EOF'
 Usage: bash data-prep/distill.sh DATASET VERIFIER [options] [-- fairseq-generate options...]
 
-Translates the training sources of data-bin DATASET with VERIFIER (fairseq-generate
---gen-subset train, greedy by default) and binarizes source + translation as
-data-bin/DATASET-distill, with the same dictionary; valid and test splits are copied from
-DATASET unchanged. SpecDec trains its drafter on such verifier outputs, so that the
-drafter imitates the verifier rather than the references:
+Translates the training and validation sources of data-bin DATASET with VERIFIER
+(fairseq-generate, greedy by default) and binarizes each source with its translation as
+data-bin/DATASET-distill, with the same dictionary; the other splits and the raw
+references (raw/, what sacreBLEU scores against) are copied from DATASET unchanged. SpecDec
+trains its drafter on such verifier outputs, so that the drafter imitates the verifier
+rather than the references, and a distilled valid split makes the drafter's validation
+acc@k and exp_accept measure agreement with the verifier, the numbers that predict speed:
   bash data-prep/train-drafter.sh DATASET-distill VERIFIER
 
 DATASET   a data-bin directory, or the name of one under data-bin/
 VERIFIER  the verifier checkpoint (.pt)
 
 Options:
+  --subsets LIST      the splits to distill, among train, valid and test (default
+                      train,valid; the others are copied). --subsets test --dest DIR gives
+                      a test split to measure a trained drafter's agreement with the
+                      verifier: fairseq-validate DIR --valid-subset test ...
   --beam N            beam size (default 1: greedy, what the verifier does when verifying)
   --batch-size B      sentences per fairseq-generate batch (default 128)
   --shards N          split the work into N shards (default 1) ...
-  --shard-id I        ... and run only shard I (0-based), e.g. one per GPU or machine; without
-                      it every shard runs in turn. Binarization runs once all N are done.
+  --shard-id I        ... and run only shard I (0-based) of each split, e.g. one per GPU or
+                      machine; without it every shard runs in turn. Binarization runs once
+                      all N are done.
   --dest DIR          output data-bin (default: DATASET's path with "-distill" appended)
   -h, --help          this help
 Options after "--" go to fairseq-generate (e.g. --fp16, --max-len-b 250).
 
-Resumable: each shard's output goes to DEST/generate/; a finished shard has a marker
-(DEST/generate/shard-I-of-N.done, holding the verifier checksum, the batch size and the
-options) and is not generated again; changing any of them regenerates. The batch size
-decides which sentences each shard holds: keep it the same on every machine. fairseq-generate's own
-progress is shown on stderr. Checks: per shard, one hypothesis per source and no id twice;
-in all, ids 0..n-1 for the n training sentences of DATASET.
+Resumable: each shard's output goes to DEST/generate/SPLIT-shard-I-of-N.txt; a finished
+shard has a marker (.done beside it, holding the verifier checksum, the batch size and
+the options) and is not generated again; changing any of them regenerates. The batch
+size decides which sentences each shard holds: keep it the same on every machine (it is
+lowered automatically for a split with fewer than N batches). fairseq-generate's own
+progress is shown on stderr. Checks: per shard, one hypothesis per source and no id
+twice; per split, ids 0..n-1 for its n sentences.
 Uses --cpu when torch sees no CUDA device. Environment: CMASD_PYTHON.
 EOF
 }
 
+SUBSETS="train,valid"
 BEAM=1
 BATCH=128
 SHARDS=1
@@ -48,6 +57,7 @@ GENERATE_ARGS=()
 while (( $# )); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
+    --subsets|--subsets=*) _opt_value --subsets "$@"; SUBSETS="$OPT_VALUE"; shift "$CONSUMED" ;;
     --beam|--beam=*) _opt_value --beam "$@"; BEAM="$OPT_VALUE"; shift "$CONSUMED" ;;
     --batch-size|--batch-size=*) _opt_value --batch-size "$@"; BATCH="$OPT_VALUE"; shift "$CONSUMED" ;;
     --shards|--shards=*) _opt_value --shards "$@"; SHARDS="$OPT_VALUE"; shift "$CONSUMED" ;;
@@ -87,26 +97,38 @@ TRAIN_IDX=("$DATA"/train.*-*.*.idx)
 PAIR="$(basename "${TRAIN_IDX[0]}")"; PAIR="${PAIR#train.}"; PAIR="${PAIR%%.*}"
 SRC="${PAIR%-*}"; TGT="${PAIR#*-}"
 [[ -f "$DATA/dict.$SRC.txt" ]] || die "missing $DATA/dict.$SRC.txt"
-N_TRAIN="$("${PREP[@]}" count-bin "$DATA/train.$PAIR.$SRC.idx" | cut -f2)"
-(( SHARDS <= N_TRAIN )) || die "--shards $SHARDS is more than the $N_TRAIN training sentences"
-# fairseq shards whole batches and pads a shard left without one with an empty batch, on
-# which fairseq-generate dies (ZeroDivisionError): make sure there are at least SHARDS batches.
-if (( BATCH * SHARDS > N_TRAIN )); then
-  BATCH=$(( N_TRAIN / SHARDS ))
-  log "batch size lowered to $BATCH so that each of the $SHARDS shards gets at least one batch"
-fi
-log "distilling $N_TRAIN training sentences of $DATA ($SRC -> $TGT) with $VERIFIER, beam $BEAM, $SHARDS shard(s)"
+
+# per split: its sentence count, batch size and signature
+declare -A COUNT BATCH_OF SIGNATURE
+IFS=, read -r -a SPLITS <<< "$SUBSETS"
+for split in "${SPLITS[@]}"; do
+  [[ "$split" =~ ^(train|valid|test)$ ]] || die "bad --subsets entry '$split': expected train, valid or test"
+  [[ -z "${COUNT[$split]:-}" ]] || die "--subsets names $split twice"
+  [[ -f "$DATA/$split.$PAIR.$SRC.idx" ]] || die "$DATA has no binarized $split split ($split.$PAIR.$SRC.idx)"
+  COUNT[$split]="$("${PREP[@]}" count-bin "$DATA/$split.$PAIR.$SRC.idx" | cut -f2)"
+  (( SHARDS <= COUNT[$split] )) || die "--shards $SHARDS is more than the ${COUNT[$split]} sentences of $split"
+  # fairseq shards whole batches and pads a shard left without one with an empty batch, on
+  # which fairseq-generate dies (ZeroDivisionError): make sure there are at least SHARDS batches.
+  BATCH_OF[$split]="$BATCH"
+  if (( BATCH * SHARDS > COUNT[$split] )); then
+    BATCH_OF[$split]=$(( COUNT[$split] / SHARDS ))
+    log "$split: batch size lowered to ${BATCH_OF[$split]} so that each of the $SHARDS shards gets at least one batch"
+  fi
+done
+log "distilling $SUBSETS of $DATA ($SRC -> $TGT) with $VERIFIER, beam $BEAM, $SHARDS shard(s)"
 
 DEVICE=()
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=(--cpu)
-SIGNATURE="verifier=$(file_id "$VERIFIER") beam=$BEAM batch=$BATCH data=$(file_id "$DATA/train.$PAIR.$SRC.idx") args=${GENERATE_ARGS[*]-}"
+for split in "${SPLITS[@]}"; do
+  SIGNATURE[$split]="verifier=$(file_id "$VERIFIER") beam=$BEAM batch=${BATCH_OF[$split]} data=$(file_id "$DATA/$split.$PAIR.$SRC.idx") args=${GENERATE_ARGS[*]-}"
+done
 WORK="$DEST/generate"
 mkdir -p "$WORK"
 
-# check_shard FILE: one hypothesis per source line, no id twice; prints the count.
+# check_shard SPLIT FILE: one hypothesis per source line, no id twice; prints the count.
 check_shard() {
-  local file="$1" sources hypotheses distinct
-  grep -q '^Generate train with beam=' "$file" || die "$file: fairseq-generate did not finish"
+  local split="$1" file="$2" sources hypotheses distinct
+  grep -q "^Generate $split with beam=" "$file" || die "$file: fairseq-generate did not finish"
   sources="$(grep -c '^S-[0-9]*	' "$file" || true)"
   hypotheses="$(grep -c '^H-[0-9]*	' "$file" || true)"
   distinct="$(grep '^H-[0-9]*	' "$file" | cut -f1 | sort -u | wc -l | tr -d ' ')"
@@ -115,78 +137,93 @@ check_shard() {
   printf '%s\n' "$hypotheses"
 }
 
+shard_done() {  # shard_done SPLIT ID: its marker exists with the current signature
+  local marker="$WORK/$1-shard-$2-of-$SHARDS.done"
+  [[ -f "$marker" && "$(head -n1 "$marker")" == "${SIGNATURE[$1]}" ]]
+}
+
 # fairseq-generate 0.12 ignores its --num-shards/--shard-id and shards the batches by
 # --distributed-world-size/--distributed-rank instead (without starting any process group).
-generate_shard() {
-  local id="$1" out="$WORK/shard-$1-of-$SHARDS.txt" marker="$WORK/shard-$1-of-$SHARDS.done" count
-  if [[ -f "$marker" && "$(head -n1 "$marker")" == "$SIGNATURE" ]]; then
-    log "skip: shard $id of $SHARDS (done, $(tail -n1 "$marker") sentences)"
+generate_shard() {  # generate_shard SPLIT ID
+  local split="$1" id="$2" out="$WORK/$1-shard-$2-of-$SHARDS.txt" marker="$WORK/$1-shard-$2-of-$SHARDS.done" count
+  if shard_done "$split" "$id"; then
+    log "skip: $split shard $id of $SHARDS (done, $(tail -n1 "$marker") sentences)"
     return 0
   fi
   rm -f "$marker"
-  log "shard $id of $SHARDS -> $out"
+  log "$split shard $id of $SHARDS -> $out"
   fairseq_tool generate
   "${FAIRSEQ_CMD[@]}" "$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" \
     --task translation --source-lang "$SRC" --target-lang "$TGT" \
-    --gen-subset train --path "$VERIFIER" --beam "$BEAM" --nbest 1 \
-    --batch-size "$BATCH" --required-batch-size-multiple 1 \
+    --gen-subset "$split" --path "$VERIFIER" --beam "$BEAM" --nbest 1 \
+    --batch-size "${BATCH_OF[$split]}" --required-batch-size-multiple 1 \
     --distributed-world-size "$SHARDS" --distributed-rank "$id" \
     ${DEVICE[@]+"${DEVICE[@]}"} ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"} > "$out.part"
   mv "$out.part" "$out"
-  count="$(check_shard "$out")"
-  printf '%s\n%s\n' "$SIGNATURE" "$count" > "$marker"
-  log "shard $id of $SHARDS: $count sentences"
+  count="$(check_shard "$split" "$out")"
+  printf '%s\n%s\n' "${SIGNATURE[$split]}" "$count" > "$marker"
+  log "$split shard $id of $SHARDS: $count sentences"
 }
 
-if [[ -n "$SHARD_ID" ]]; then
-  generate_shard "$SHARD_ID"
-else
-  for (( id = 0; id < SHARDS; id++ )); do generate_shard "$id"; done
-fi
-for (( id = 0; id < SHARDS; id++ )); do
-  marker="$WORK/shard-$id-of-$SHARDS.done"
-  if [[ ! -f "$marker" || "$(head -n1 "$marker")" != "$SIGNATURE" ]]; then
-    log "shard $id of $SHARDS is not done yet: binarize once every shard has run"
-    exit 0
+for split in "${SPLITS[@]}"; do
+  if [[ -n "$SHARD_ID" ]]; then
+    generate_shard "$split" "$SHARD_ID"
+  else
+    for (( id = 0; id < SHARDS; id++ )); do generate_shard "$split" "$id"; done
   fi
 done
+FINAL_SIGNATURE="shards=$SHARDS"
+for split in "${SPLITS[@]}"; do
+  for (( id = 0; id < SHARDS; id++ )); do
+    if ! shard_done "$split" "$id"; then
+      log "$split shard $id of $SHARDS is not done yet: binarize once every shard has run"
+      exit 0
+    fi
+  done
+  FINAL_SIGNATURE+=" $split: ${SIGNATURE[$split]}"
+done
 
-FINAL_SIGNATURE="$SIGNATURE shards=$SHARDS"
 if [[ -f "$DEST/.distill-done" && "$(cat "$DEST/.distill-done")" == "$FINAL_SIGNATURE" ]]; then
   log "skip: binarize (done): $DEST"
   exit 0
 fi
 rm -f "$DEST/.distill-done"
 
-# sources and hypotheses in id order; ids must be exactly 0 .. N_TRAIN-1
+# per split, sources and hypotheses in id order; the ids must be exactly 0 .. n-1
 mkdir -p "$DEST/tok"
-SHARD_FILES=()
-for (( id = 0; id < SHARDS; id++ )); do SHARD_FILES+=("$WORK/shard-$id-of-$SHARDS.txt"); done
-extract() {  # extract TAG FIELD OUT: "id<TAB>text" of TAG lines, sorted by id
-  LC_ALL=C awk -F'\t' -v tag="$1" -v field="$2" \
-    'index($0, tag "-") == 1 && $1 ~ ("^" tag "-[0-9]+$") { print substr($1, length(tag) + 2) "\t" $field }' \
-    "${SHARD_FILES[@]}" | LC_ALL=C sort -n -k1,1 > "$3"
-}
-extract S 2 "$WORK/sources.tsv"
-extract H 3 "$WORK/hypotheses.tsv"
-for tsv in "$WORK/sources.tsv" "$WORK/hypotheses.tsv"; do
-  cut -f1 "$tsv" | cmp -s - <(seq 0 $((N_TRAIN - 1))) \
-    || die "$tsv: the ids are not exactly 0..$((N_TRAIN - 1)) ($(line_count "$tsv") lines for $N_TRAIN training sentences)"
+PREFIXES=()
+for split in "${SPLITS[@]}"; do
+  n="${COUNT[$split]}"
+  shard_files=()
+  for (( id = 0; id < SHARDS; id++ )); do shard_files+=("$WORK/$split-shard-$id-of-$SHARDS.txt"); done
+  for field in S:2:sources H:3:hypotheses; do
+    IFS=: read -r tag column name <<< "$field"
+    tsv="$WORK/$split-$name.tsv"
+    LC_ALL=C awk -F'\t' -v tag="$tag" -v column="$column" \
+      'index($0, tag "-") == 1 && $1 ~ ("^" tag "-[0-9]+$") { print substr($1, length(tag) + 2) "\t" $column }' \
+      "${shard_files[@]}" | LC_ALL=C sort -n -k1,1 > "$tsv"
+    cut -f1 "$tsv" | cmp -s - <(seq 0 $((n - 1))) \
+      || die "$tsv: the ids are not exactly 0..$((n - 1)) ($(line_count "$tsv") lines for $n $split sentences)"
+  done
+  cut -f2 "$WORK/$split-sources.tsv" > "$DEST/tok/$split.$SRC"
+  cut -f2 "$WORK/$split-hypotheses.tsv" > "$DEST/tok/$split.$TGT"
+  PREFIXES+=("--${split}pref" "$DEST/tok/$split")
+  log "$split: $n distilled pairs"
 done
-cut -f2 "$WORK/sources.tsv" > "$DEST/tok/train.$SRC"
-cut -f2 "$WORK/hypotheses.tsv" > "$DEST/tok/train.$TGT"
-log "binarizing $N_TRAIN distilled pairs into $DEST"
+log "binarizing into $DEST"
 
 fairseq_tool preprocess
 rm -f "$DEST/dict.$SRC.txt" "$DEST/dict.$TGT.txt"
-"${FAIRSEQ_CMD[@]}" --source-lang "$SRC" --target-lang "$TGT" --trainpref "$DEST/tok/train" \
+"${FAIRSEQ_CMD[@]}" --source-lang "$SRC" --target-lang "$TGT" "${PREFIXES[@]}" \
   --destdir "$DEST" --srcdict "$DATA/dict.$SRC.txt" --joined-dictionary --workers 2
 cmp -s "$DEST/dict.$TGT.txt" "$DATA/dict.$TGT.txt" || die "the distilled dictionary differs from $DATA/dict.$TGT.txt"
-# everything but the training split comes from the original data-bin
+# the splits not distilled come from the original data-bin, as do the raw references
+# (raw/: what sacreBLEU scores against, also for a distilled valid or test split)
+distilled() { local split; for split in "${SPLITS[@]}"; do [[ "$1" != "$split.$PAIR".* ]] || return 0; done; return 1; }
 for file in "$DATA"/*; do
   name="$(basename "$file")"
-  [[ -f "$file" && "$name" != train.* && "$name" != dict.* && "$name" != preprocess.log ]] || continue
-  cp "$file" "$DEST/$name"
+  [[ -f "$file" && "$name" != dict.* && "$name" != preprocess.log ]] || continue
+  distilled "$name" || cp "$file" "$DEST/$name"
 done
 if [[ -d "$DATA/raw" ]]; then
   mkdir -p "$DEST/raw"

@@ -4,7 +4,7 @@ training sources, sharded, binarized with the same dictionary, and skipped on a 
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, run, tool_env
+from conftest import BIN, PLUGINS, REPO, run, tool_env
 from fairseq.data import data_utils
 
 TRAIN_SENTENCES = 40
@@ -37,21 +37,37 @@ def test_distill_in_two_shards_then_skip(small_data, verifier, tmp_path):
     script = REPO / "data-prep" / "distill.sh"
     first = run(["bash", script, small_data, verifier, "--shards", "2", "--shard-id", "1", "--dest", dest])
     # 40 sentences in batches of 128 would leave shard 1 without a batch
-    assert "batch size lowered to 20" in first.stderr
-    assert "shard 0 of 2 is not done yet" in first.stderr
+    assert "train: batch size lowered to 20" in first.stderr
+    assert "valid: batch size lowered to 10" in first.stderr
+    assert "train shard 0 of 2 is not done yet" in first.stderr
     assert not (dest / "train.en-de.de.idx").exists()
     run(["bash", script, small_data, verifier, "--shards", "2", "--dest", dest])
     assert sizes(dest / "train.en-de.en") == sizes(dest / "train.en-de.de") == TRAIN_SENTENCES
     assert (dest / "dict.de.txt").read_text() == (small_data / "dict.de.txt").read_text()
     assert sizes(dest / "valid.en-de.de") == 20
+    # valid is distilled (by default), test is copied unchanged
+    assert len((dest / "tok" / "valid.de").read_text().splitlines()) == 20
+    assert not (dest / "tok" / "test.de").exists()
+    for suffix in ("en.bin", "de.bin", "de.idx"):
+        assert (dest / f"test.en-de.{suffix}").read_bytes() == (small_data / f"test.en-de.{suffix}").read_bytes()
     # the targets are the verifier's greedy translations, in the order of the sources
     hypotheses = (dest / "tok" / "train.de").read_text().splitlines()
     sources = (dest / "tok" / "train.en").read_text().splitlines()
     assert len(hypotheses) == len(sources) == TRAIN_SENTENCES
     original = (small_data.parent / "train.en").read_text().splitlines()
     assert [s.split() for s in sources] == [s.split() for s in original]
+    greedy = run([BIN / "fairseq-generate", small_data, "--user-dir", PLUGINS, "--path", verifier,
+                  "--gen-subset", "train", "--beam", "1", "--batch-size", "20",
+                  "--required-batch-size-multiple", "1", "--cpu"])
+    translations = {}
+    for line in greedy.stdout.splitlines():
+        if line.startswith("H-"):
+            tag, _score, text = line.split("\t")
+            translations[int(tag[2:])] = text
+    assert hypotheses == [translations[i] for i in range(TRAIN_SENTENCES)]
     again = run(["bash", script, small_data, verifier, "--shards", "2", "--dest", dest])
-    assert "skip: shard 0 of 2" in again.stderr and "skip: shard 1 of 2" in again.stderr
+    for split in ("train", "valid"):
+        assert f"skip: {split} shard 0 of 2" in again.stderr and f"skip: {split} shard 1 of 2" in again.stderr
     assert "skip: binarize" in again.stderr
 
 
@@ -61,5 +77,5 @@ def test_more_shards_than_sentences_is_refused(small_data, verifier, tmp_path):
          "--shards", str(TRAIN_SENTENCES + 1), "--dest", str(tmp_path / "distilled")],
         capture_output=True, text=True, cwd=REPO, env=tool_env())
     assert proc.returncode == 1
-    assert f"--shards {TRAIN_SENTENCES + 1} is more than the {TRAIN_SENTENCES} training sentences" in proc.stderr
+    assert f"--shards {TRAIN_SENTENCES + 1} is more than the {TRAIN_SENTENCES} sentences of train" in proc.stderr
     assert "Traceback" not in proc.stderr

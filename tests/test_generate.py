@@ -138,6 +138,46 @@ def test_cmasd_controller_with_exact_acceptance_is_lossless(probe, verifier, dra
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
 
 
+def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
+    proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", probe, verifier, untrained_drafter,
+                "--batch-sizes", "1,16", "--out", tmp_path])
+    n = PROBE_SENTENCES + 1
+    assert proc.stderr.count(f"{n} sentences, 0 different") == 2
+    assert "lossless: the same hypotheses as fairseq-generate --beam 1 at batch size(s) 1,16" in proc.stderr
+    for batch_size in (1, 16):
+        assert len(hypotheses((tmp_path / f"speculative-{batch_size}.txt").read_text())) == n
+
+
+def compare_hyps(tmp_path, first, second, sentences):
+    """cmasd-prep compare-hyps on two hand-written fairseq-generate outputs."""
+    (tmp_path / "a.txt").write_text(first)
+    (tmp_path / "b.txt").write_text(second)
+    return subprocess.run(
+        [str(BIN / "python"), "-m", "cmasd.prep", "compare-hyps", "--sentences", str(sentences),
+         str(tmp_path / "a.txt"), str(tmp_path / "b.txt")],
+        capture_output=True, text=True, cwd=REPO, env=tool_env())
+
+
+def test_compare_hyps_names_the_sentences_that_differ(tmp_path):
+    same = "S-1\tb\nH-1\t-0.5\tx y\nS-0\ta\nH-0\t-0.1\tu v\n"
+    assert compare_hyps(tmp_path, same, "H-0\t-0.2\tu v\nH-1\t-0.4\tx y\n", 2).returncode == 0
+    proc = compare_hyps(tmp_path, same, "H-0\t-0.1\tu v\nH-1\t-0.5\tx z\n", 2)
+    assert proc.returncode == 1
+    assert "2 sentences, 1 different (ids 1)" in proc.stdout
+
+
+@pytest.mark.parametrize("second, message", [
+    ("H-0\t-0.1\tu\n", "1 hypotheses for 2 sentences (missing ids 1, ids twice none, ids out of range none)"),
+    ("H-0\t-0.1\tu\nH-1\t-0.1\tu\nH-1\t-0.1\tu\n", "ids twice 1,"),
+    ("H-0\t-0.1\tu\nH-1\t-0.1\tu\nH-2\t-0.1\tu\n", "ids out of range 2"),
+    ("H-0\tu\n", "b.txt:1: not an H-ID<TAB>SCORE<TAB>TOKENS line"),
+])
+def test_compare_hyps_refuses_incomplete_outputs(tmp_path, second, message):
+    proc = compare_hyps(tmp_path, "H-0\t-0.1\tu\nH-1\t-0.1\tu\n", second, 2)
+    assert proc.returncode == 2
+    assert message in proc.stderr and proc.stderr.startswith("cmasd-prep: error:")
+
+
 def test_lenient_acceptance_decodes_every_line(probe, verifier, drafter):
     for rule in (["--spec-acceptance", "topk-gap", "--spec-beta", "5", "--spec-tau", "3"],
                  ["--spec-controller", "cmasd", "--spec-acceptance", "cmasd", "--cmasd-gamma", "2"]):
