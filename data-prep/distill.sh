@@ -233,4 +233,8 @@ if [[ -d "$DATA/raw" ]]; then
 fi
 printf '%s\n' "$FINAL_SIGNATURE" > "$DEST/.distill-done"
 summarize "$DEST"
-log "done: $DEST (train on it with: bash data-prep/train-drafter.sh $DEST $VERIFIER)"
+if [[ -n "${COUNT[train]:-}" ]]; then
+  log "done: $DEST (train on it with: bash data-prep/train-drafter.sh $DEST $VERIFIER)"
+else
+  log "done: $DEST ($SUBSETS distilled; train copied from $DATA)"
+fi
