@@ -55,13 +55,7 @@ done
   || die "bad --batch-sizes '$BATCH_SIZES': expected positive integers separated by commas, e.g. 1,7,16"
 (( ${#SPEC_ARGS[@]} )) || SPEC_ARGS=(--spec-controller fixed --spec-k 10)
 
-DATASET="${POSITIONAL[0]}"
-if [[ -d "$DATASET" || "$DATASET" == */* ]]; then
-  DATA="$(abs_path "$DATASET")"
-else
-  DATA="$CMASD_ROOT/data-bin/$DATASET"
-fi
-[[ -d "$DATA" ]] || die "no data-bin at $DATA (make it with a data-prep/prepare-*.sh recipe)"
+resolve_data_bin "${POSITIONAL[0]}"
 SOURCE_IDX=("$DATA/$SUBSET".*-*.*.idx)
 [[ -f "${SOURCE_IDX[0]}" ]] || die "$DATA has no binarized split '$SUBSET' ($SUBSET.SRC-TGT.LANG.idx)"
 PAIR="$(basename "${SOURCE_IDX[0]}")"; PAIR="${PAIR#"$SUBSET".}"; PAIR="${PAIR%%.*}"

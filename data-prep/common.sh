@@ -20,6 +20,8 @@
 #                             with the same SIG
 #   mark_done NAME [SIG]      record that NAME finished
 #   abs_path PATH             PATH made absolute (it need not exist)
+#   resolve_data_bin DATASET  sets DATA: DATASET if it is a path (contains '/', or is an
+#                             existing directory), else data-bin/DATASET; dies when missing
 #   check_vocab_size N        die unless N is an integer >= 100
 #   line_count FILE           number of lines
 #   check_lines FILE N        die unless FILE has exactly N lines
@@ -74,6 +76,18 @@ abs_path() {
     /*) printf '%s\n' "$1" ;;
     *) printf '%s/%s\n' "$PWD" "$1" ;;
   esac
+}
+
+resolve_data_bin() {
+  local dataset="$1"
+  if [[ "$dataset" == */* || -d "$dataset" ]]; then
+    DATA="$(abs_path "$dataset")"
+  else
+    DATA="$CMASD_ROOT/data-bin/$dataset"
+  fi
+  DATA="${DATA%/}"
+  [[ -d "$DATA" ]] || die "unknown dataset '$dataset': no directory $DATA (prepare it with a" \
+    "data-prep/prepare-*.sh script, or give a path)"
 }
 
 check_vocab_size() {

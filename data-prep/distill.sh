@@ -78,13 +78,7 @@ fi
 
 DATASET="${POSITIONAL[0]}"
 VERIFIER="${POSITIONAL[1]}"
-if [[ -d "$DATASET" || "$DATASET" == */* ]]; then
-  DATA="$(abs_path "$DATASET")"
-else
-  DATA="$CMASD_ROOT/data-bin/$DATASET"
-fi
-DATA="${DATA%/}"
-[[ -d "$DATA" ]] || die "no data-bin at $DATA (make it with a data-prep/prepare-*.sh recipe)"
+resolve_data_bin "$DATASET"
 [[ -f "$VERIFIER" ]] || die "verifier checkpoint not found: $VERIFIER"
 VERIFIER="$(abs_path "$VERIFIER")"
 DEST="$(abs_path "${DEST:-$DATA-distill}")"

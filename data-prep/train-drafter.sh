@@ -45,13 +45,8 @@ DATASET="$1"
 VERIFIER="$2"
 shift 2
 
-if [[ -d "$DATASET" || "$DATASET" == */* ]]; then
-  DATA="$(abs_path "$DATASET")"
-else
-  DATA="$CMASD_ROOT/data-bin/$DATASET"
-fi
+resolve_data_bin "$DATASET"
 NAME="$(basename "$DATA")"
-[[ -d "$DATA" ]] || die "no data-bin at $DATA (make it with a data-prep/prepare-*.sh recipe)"
 compgen -G "$DATA/train.*.idx" >/dev/null || die "$DATA has no binarized train split (train.*.idx)"
 compgen -G "$DATA/valid*.idx" >/dev/null || die "$DATA has no binarized valid split (valid*.idx)"
 [[ -f "$VERIFIER" ]] || die "verifier checkpoint not found: $VERIFIER"

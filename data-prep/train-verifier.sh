@@ -72,15 +72,7 @@ case "$SIZE" in
   *) die "unknown size '$SIZE': use base or compact (see --help)" ;;
 esac
 
-# DATASET: a path (contains '/', or is an existing directory) or a name under data-bin/.
-if [[ "$DATASET" == */* || -d "$DATASET" ]]; then
-  DATA="$(abs_path "$DATASET")"
-else
-  DATA="$CMASD_ROOT/data-bin/$DATASET"
-fi
-DATA="${DATA%/}"
-[[ -d "$DATA" ]] || die "unknown dataset '$DATASET': no directory $DATA (prepare it with a" \
-  "data-prep/prepare-*.sh script, or give a path)"
+resolve_data_bin "$DATASET"
 shopt -s nullglob
 train_idx=("$DATA"/train.*-*.*.idx)
 shopt -u nullglob
