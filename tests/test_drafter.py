@@ -80,6 +80,14 @@ def source_batch(dictionary, generator, bsz=3, length=7):
     return src, src_lengths
 
 
+def encoded_source(verifier, dictionary, generator, bsz):
+    """A source batch and the verifier's encoder output for it."""
+    src, src_lengths = source_batch(dictionary, generator, bsz)
+    with torch.no_grad():
+        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    return src, src_lengths, encoder_out
+
+
 def sequences(dictionary, generator, bsz, length):
     """BOS (eos) followed by words: (B, length)."""
     tokens = random_tokens(dictionary, (bsz, length), generator)
@@ -155,9 +163,7 @@ def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normal
     drafter, verifier, dictionary = tiny_drafter(learned_pos, normalize_before)
     gen = torch.Generator().manual_seed(3)
     bsz, capacity = 3, 16
-    src, src_lengths = source_batch(dictionary, gen, bsz)
-    with torch.no_grad():
-        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
     full = sequences(dictionary, gen, bsz, capacity)  # what the rows will have accepted
     lengths = torch.ones(bsz, dtype=torch.long)
     state = drafter.start(encoder_out, capacity)
@@ -180,9 +186,7 @@ def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normal
 def test_row_selection_keeps_rows_consistent():
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(4)
-    src, src_lengths = source_batch(dictionary, gen, 3)
-    with torch.no_grad():
-        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 3)
     tokens = sequences(dictionary, gen, 3, 10)
     lengths = torch.tensor([4, 2, 6])
     state = drafter.start(encoder_out, 10)
@@ -201,9 +205,7 @@ def test_row_selection_keeps_rows_consistent():
 def test_projecting_fewer_slots_keeps_their_logits():
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(5)
-    src, src_lengths = source_batch(dictionary, gen, 2)
-    with torch.no_grad():
-        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
     full, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths)  # (B, K, V)
     first, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
@@ -214,9 +216,7 @@ def test_projecting_fewer_slots_keeps_their_logits():
 def test_drafting_refuses_rollback_and_overflow():
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(5)
-    src, src_lengths = source_batch(dictionary, gen, 2)
-    with torch.no_grad():
-        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens = sequences(dictionary, gen, 2, 8)
     state = drafter.start(encoder_out, 6)
     _, state = drafter.draft(state, tokens, torch.tensor([4, 3]))
