@@ -117,6 +117,8 @@ CONFIGS: Dict[str, BenchConfig] = {
     for c in [
         BenchConfig(BEAM5, "fairseq SequenceGenerator, beam 5", beam=5),
         BenchConfig(GREEDY, "fairseq SequenceGenerator, beam 1 (greedy)", beam=1),
+        speculative("loop-greedy", "cmasd's loop with nothing drafted (--spec-k 0): the verifier alone, "
+                    "greedy; what the loop saves over fairseq's, without the drafter", {"spec_k": 0}, EXACT),
         speculative("specdec-k10", "SpecDec: fixed k=10, top-beta + fixed tau", FIXED_K10, FIXED_TAU),
         speculative("specdec-k25", "SpecDec: fixed k=25, top-beta + fixed tau", FIXED_K10, {"spec_k": 25}, FIXED_TAU),
         speculative("specdec-k10-exact", "fixed k=10, exact acceptance (lossless)", FIXED_K10, EXACT),
@@ -140,7 +142,7 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("abl-full", "Table III: full CM-ASD (= cmasd)", FULL_CMASD),
     ]
 }
-DEFAULT_CONFIGS = "beam5,greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,cmasd"
+DEFAULT_CONFIGS = "beam5,greedy,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,cmasd"
 
 # A comma starts a new configuration only where a name follows (so that values such as
 # cmasd_weights=0.5,0.25,0.25 keep their commas).

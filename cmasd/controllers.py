@@ -14,11 +14,13 @@ from torch import Tensor
 
 
 class Fixed:
-    """SpecDec's fixed draft length k."""
+    """SpecDec's fixed draft length k. ``k = 0`` drafts nothing: the verifier decodes
+    greedily through the same loop, the reference that separates what drafting gains
+    from what the loop itself costs or saves against fairseq's SequenceGenerator."""
 
     def __init__(self, k: int, k_max: int):
-        if not 1 <= k <= k_max:
-            raise ValueError(f"--spec-k: must be in [1, {k_max}] (the drafter's block), got {k}")
+        if not 0 <= k <= k_max:
+            raise ValueError(f"--spec-k: must be in [0, {k_max}] (the drafter's block), got {k}")
         self.k = k
         self.horizon = k
 

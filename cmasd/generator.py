@@ -95,6 +95,7 @@ class SpeculativeGenerator:
         self.confidence = confidence
         self.rules = rules
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
+        self.vocab = len(tgt_dict)
         self.block = drafter.block_size
         self.stats = DecodeStats()
 
@@ -154,11 +155,8 @@ class SpeculativeGenerator:
         """One draft/verify iteration of every active row. Returns the new state and
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
-        # (B, horizon, V): only the positions the controller can send are projected
-        draft_logits, drafter_state = self.drafter.draft(
-            state.drafter, state.tokens, state.lengths, slots=self.controller.horizon
-        )
-        confidence = self.confidence(draft_logits)  # (B, K)
+        draft_logits, drafter_state = self.draft(state)  # (B, horizon, V)
+        confidence = self.confidence(draft_logits)  # (B, horizon)
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
         k = torch.minimum(self.controller.propose(confidence), room)  # (B,)
@@ -172,10 +170,20 @@ class SpeculativeGenerator:
         state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
         t2 = now(state.tokens)
 
-        self.stats.observe(k, accepted, gained, confidence.mean(dim=1))
+        # mean confidence over the horizon; none with --spec-k 0
+        block_confidence = confidence.mean(dim=1) if confidence.size(1) else confidence.new_zeros(k.shape)  # (B,)
+        self.stats.observe(k, accepted, gained, block_confidence)
         self.stats.draft_seconds += t1 - t0
         self.stats.verify_seconds += t2 - t1
         return replace(state, drafter=drafter_state), done
+
+    def draft(self, state: DecodeState):
+        """The drafter's logits (B, horizon, V) for the positions the controller can
+        send (only those are projected) and its new cache. With horizon 0
+        (``--spec-k 0``) the drafter is not run and nothing is drafted."""
+        if self.controller.horizon == 0:
+            return state.scores.new_zeros(state.rows.numel(), 0, self.vocab), state.drafter
+        return self.drafter.draft(state.drafter, state.tokens, state.lengths, slots=self.controller.horizon)
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
         """Verifier log-probabilities after the last accepted token and each draft:

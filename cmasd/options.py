@@ -32,7 +32,11 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     spec_controller: ChoiceEnum(list(CONTROLLERS)) = field(
         default="fixed", metadata={"help": "draft-length controller: fixed k or CM-ASD's adaptive k"}
     )
-    spec_k: int = field(default=10, metadata={"help": "draft length of the fixed controller"})
+    spec_k: int = field(
+        default=10,
+        metadata={"help": "draft length of the fixed controller; 0: nothing drafted, the verifier decodes "
+                  "greedily through the same loop (a reference for measurements)"},
+    )
     spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd controller"})
     spec_k_max: Optional[int] = field(
         default=None, metadata={"help": "largest draft length of the cmasd controller (default: the drafter's block)"}

@@ -13,7 +13,7 @@ from conftest import BIN, run
 from cmasd.bench import CONFIGS, resolve_configs
 from cmasd.tune import pareto_front
 
-BENCH_CONFIGS = ["beam5", "greedy", "specdec-k10-exact", "cmasd"]
+BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "cmasd"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = ["rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration"]
 QUALITY = ["bleu", "bleu_vs_greedy", "exact_match_vs_greedy"]
@@ -71,10 +71,18 @@ def test_greedy_is_its_own_reference(bench_json):
         assert row["mean_accepted_tokens"] == 1.0
 
 
-def test_lossless_configuration_matches_greedy(bench_json):
-    for row in rows_of(bench_json, "specdec-k10-exact").values():
+@pytest.mark.parametrize("name", ["specdec-k10-exact", "loop-greedy"])
+def test_lossless_configuration_matches_greedy(bench_json, name):
+    for row in rows_of(bench_json, name).values():
         assert row["exact_match_vs_greedy"] == 1.0
         assert row["bleu_vs_greedy"] == pytest.approx(100.0)
+
+
+def test_loop_greedy_drafts_nothing(bench_json):
+    for row in rows_of(bench_json, "loop-greedy").values():
+        assert row["mean_k"] == 0.0
+        assert row["mean_accepted_tokens"] == 1.0
+        assert row["rollback_rate"] == 0.0
 
 
 def test_bench_records_how_it_ran(bench_json):

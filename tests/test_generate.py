@@ -192,6 +192,15 @@ def test_empty_source_line_is_decoded_and_named(probe, verifier, drafter):
     assert re.search(rf"empty source.*\b{EMPTY_AT}\b", proc.stderr)
 
 
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_nothing_drafted_equals_beam1(probe, verifier, drafter, greedy, batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-k", "0", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert "mean accepted tokens/iteration 1.000" in proc.stderr
+    assert "mean k 0.00" in proc.stderr
+
+
 def last_line(proc):
     return proc.stderr.strip().splitlines()[-1]
 
@@ -200,8 +209,8 @@ def last_line(proc):
     "options, message",
     [
         (["--beam", "5"], "--beam 5"),
-        (["--spec-k", "0"], "--spec-k: must be in [1, 25]"),
-        (["--spec-k", "26"], "--spec-k: must be in [1, 25]"),
+        (["--spec-k", "-1"], "--spec-k: must be in [0, 25]"),
+        (["--spec-k", "26"], "--spec-k: must be in [0, 25]"),
         (["--spec-controller", "cmasd", "--spec-k-min", "9", "--spec-k-max", "4"], "--spec-k-min"),
         (["--spec-controller", "cmasd", "--cmasd-alpha", "1.5"], "--cmasd-alpha"),
         (["--spec-acceptance", "cmasd", "--cmasd-gamma", "-1"], "--cmasd-gamma"),

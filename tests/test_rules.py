@@ -91,10 +91,16 @@ def test_controller_options_are_validated(args, option):
         ConfidenceScaled(**args)
 
 
-@pytest.mark.parametrize("k", [0, -1, 26])
+@pytest.mark.parametrize("k", [-1, 26])
 def test_fixed_k_must_fit_the_block(k):
-    with pytest.raises(ValueError, match="--spec-k"):
+    with pytest.raises(ValueError, match=r"--spec-k: must be in \[0, 25\]"):
         Fixed(k, 25)
+
+
+def test_fixed_k_zero_drafts_nothing():
+    controller = Fixed(0, 25)
+    assert controller.horizon == 0
+    assert controller.propose(torch.zeros(3, 0)).tolist() == [0, 0, 0]
 
 
 def test_tau_schedules_at_the_ends():
