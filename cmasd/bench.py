@@ -248,6 +248,19 @@ def options_dict(cfg) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- command line
 
 
+class ListConfigs(argparse.Action):
+    """``--configs help`` prints every named configuration and exits; any other value
+    is stored."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values.strip() == "help":
+            width = max(map(len, CONFIGS))
+            for config in CONFIGS.values():
+                print(f"{config.name:{width}}  {config.description}")
+            parser.exit()
+        setattr(namespace, self.dest, values)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with errors as the one line ``PROG: error: ...`` (exit 2)."""
 
@@ -293,8 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
                     formatter_class=argparse.RawDescriptionHelpFormatter,
                     epilog="configurations:\n" + "\n".join(f"  {c.name:24s}{c.description}" for c in CONFIGS.values()))
     add_common_args(parser, gen_subset="test")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help="comma-separated names, or NAME:KEY=VALUE;KEY=VALUE (default: %(default)s)")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, action=ListConfigs,
+                        help="comma-separated names, or NAME:KEY=VALUE;KEY=VALUE; 'help' lists the names "
+                        "(default: %(default)s)")
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default: %(default)s)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"), help="default: %(default)s")
     parser.set_defaults(repeats=3)

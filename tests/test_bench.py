@@ -125,6 +125,13 @@ def test_pareto_front_keeps_undominated_points():
     assert [r["config"] for r in pareto_front(rows, "bleu")] == ["fast", "tie", "good"]
 
 
+def test_configs_help_lists_every_named_configuration():
+    proc = run([BIN / "cmasd-bench", "--configs", "help"])
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert names == list(CONFIGS)
+    assert "--spec-k 0" in proc.stdout
+
+
 def test_configs_parse_adhoc_definitions():
     configs = resolve_configs("cmasd,mine:base=cmasd;cmasd_weights=0.5,0.25,0.25;spec_k_max=none,beam5")
     assert [c.name for c in configs] == ["greedy", "cmasd", "mine", "beam5"]
