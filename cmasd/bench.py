@@ -248,15 +248,19 @@ def options_dict(cfg) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- command line
 
 
+def config_listing(indent: str = "") -> str:
+    """One line per named configuration: its name and description."""
+    width = max(map(len, CONFIGS))
+    return "\n".join(f"{indent}{c.name:{width}}  {c.description}" for c in CONFIGS.values())
+
+
 class ListConfigs(argparse.Action):
     """``--configs help`` prints every named configuration and exits; any other value
     is stored."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         if values.strip() == "help":
-            width = max(map(len, CONFIGS))
-            for config in CONFIGS.values():
-                print(f"{config.name:{width}}  {config.description}")
+            print(config_listing())
             parser.exit()
         setattr(namespace, self.dest, values)
 
@@ -304,7 +308,7 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                    epilog="configurations:\n" + "\n".join(f"  {c.name:24s}{c.description}" for c in CONFIGS.values()))
+                    epilog="configurations:\n" + config_listing(indent="  "))
     add_common_args(parser, gen_subset="test")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, action=ListConfigs,
                         help="comma-separated names, or NAME:KEY=VALUE;KEY=VALUE; 'help' lists the names "
