@@ -5,7 +5,9 @@ every row the number of leading drafted tokens accepted and the verifier's next 
 its correction at the first rejection, or the bonus token after a fully accepted block.
 ``verifier_lprobs`` (B, K+1, V) holds the verifier's log-probabilities after fairseq's
 own adjustments (pad never chosen, length constraints), position i scoring the token
-that follows the last accepted token and the first i drafted tokens.
+that follows the last accepted token and the first i drafted tokens. Its attribute
+``uses_confidence`` says whether it reads ``proposal.confidence`` (the generator
+computes the confidence only when a part reads it).
 """
 
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ class Proposal:
 
     tokens: Tensor  # (B, K) drafted tokens
     k: Tensor  # (B,) how many of them each row sends (<= K)
-    confidence: Tensor  # (B, K) drafter confidence of each drafted token
+    confidence: Tensor  # (B, K) drafter confidence of each drafted token; (B, 0) when no part reads it
 
 
 def leading_accepted(ok: Tensor, k: Tensor) -> Tensor:
@@ -51,6 +53,7 @@ class Exact:
     """Accept a draft only if it is the verifier's top-1: output equals greedy."""
 
     lossless = True
+    uses_confidence = False
 
     def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
         top1 = verifier_lprobs[:, : proposal.tokens.size(1)].argmax(dim=-1)  # (B, K)
@@ -63,6 +66,7 @@ class TopKGap:
     within the verifier's top-beta whose log-likelihood gap to the top-1 is <= tau."""
 
     lossless = False
+    uses_confidence = False
 
     def __init__(self, beta: int, tau: float):
         if beta < 1:
@@ -97,6 +101,7 @@ class ConfidenceModulated:
     follows the drafter's confidence in that token (``adaptive_tau``)."""
 
     lossless = False
+    uses_confidence = True
 
     def __init__(self, beta: int, tau_base: float, gamma: float, schedule: str):
         if beta < 1:

@@ -4,7 +4,9 @@ A controller has two methods: ``propose(confidence)`` maps the drafter's confide
 in its first ``horizon`` drafted positions (B, horizon) to a draft length per row (B,)
 of at most ``horizon``, and ``observe(proposed, accepted)`` hears back how many were
 accepted (controllers that adapt over time use it; the ones here are stateless).
-``horizon`` tells the generator how many drafted positions to compute at all.
+``horizon`` tells the generator how many drafted positions to compute at all, and
+``uses_confidence`` whether ``propose`` reads the confidence (when no part reads it,
+the generator skips computing it and passes a (B, 0) tensor).
 """
 
 from typing import Dict
@@ -23,6 +25,7 @@ class Fixed:
             raise ValueError(f"--spec-k: must be in [0, {k_max}] (the drafter's block), got {k}")
         self.k = k
         self.horizon = k
+        self.uses_confidence = False
 
     def propose(self, confidence: Tensor) -> Tensor:
         return torch.full(confidence.shape[:1], self.k, dtype=torch.long, device=confidence.device)
@@ -44,6 +47,7 @@ class ConfidenceScaled:
             raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
         self.k_min, self.k_max, self.alpha = k_min, k_max, alpha
         self.horizon = k_max
+        self.uses_confidence = True
 
     def propose(self, confidence: Tensor) -> Tensor:
         mean = confidence[:, : self.k_max].mean(dim=1)  # (B,)

@@ -307,7 +307,12 @@ class SpecDrafterDecoder(TransformerDecoderBase):
 
     @torch.no_grad()
     def draft(
-        self, state: DrafterState, tokens: Tensor, lengths: Tensor, slots: Optional[int] = None
+        self,
+        state: DrafterState,
+        tokens: Tensor,
+        lengths: Tensor,
+        slots: Optional[int] = None,
+        block: Optional[int] = None,
     ) -> Tuple[Tensor, DrafterState]:
         """Draft the k_max tokens after each row's accepted prefix.
 
@@ -317,10 +322,16 @@ class SpecDrafterDecoder(TransformerDecoderBase):
         returns logits (B, slots, V) for indices ``lengths .. lengths + slots - 1``
         (``slots`` <= k_max, default k_max: every slot runs through the layers, but
         only the first ``slots`` are projected to the vocabulary, the costly part) and
-        the state with ``cached = lengths``.
+        the state with ``cached = lengths``. ``block`` (``slots`` <= block <= k_max,
+        default k_max) runs fewer slots through the layers: cheaper, but the slots then
+        see a shorter block than in training.
         """
         bsz, width = tokens.shape
-        block, capacity = self.block_size, state.capacity
+        block = self.block_size if block is None else block
+        slots = block if slots is None else slots
+        if not 1 <= slots <= block <= self.block_size:
+            raise ValueError(f"need 1 <= slots ({slots}) <= block ({block}) <= k_max ({self.block_size})")
+        capacity = state.capacity
         device = tokens.device
         grown = lengths - state.cached  # (B,)
         most_new, least_new, longest = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
@@ -371,7 +382,6 @@ class SpecDrafterDecoder(TransformerDecoderBase):
             return keys, values, mask
 
         states = decoder_states(self, x, self_keys, list(state.cross), state.cross_mask)  # (B, N + K, C)
-        slots = block if slots is None else slots
         logits = output_logits(self, states[:, most_new : most_new + slots])  # (B, slots, V)
         return logits, dataclasses.replace(state, cached=lengths.clone())
 
@@ -512,11 +522,16 @@ class SpecDrafterModel(FairseqEncoderDecoderModel):
         return self.decoder.start(encoder_out, max_len)
 
     def draft(
-        self, state: DrafterState, tokens: Tensor, lengths: Tensor, slots: Optional[int] = None
+        self,
+        state: DrafterState,
+        tokens: Tensor,
+        lengths: Tensor,
+        slots: Optional[int] = None,
+        block: Optional[int] = None,
     ) -> Tuple[Tensor, DrafterState]:
         """Logits (B, slots, V) for indices ``lengths .. lengths + slots - 1`` (default:
-        all k_max slots); see ``SpecDrafterDecoder.draft``."""
-        return self.decoder.draft(state, tokens, lengths, slots)
+        all k_max slots), ``block`` slots run; see ``SpecDrafterDecoder.draft``."""
+        return self.decoder.draft(state, tokens, lengths, slots, block)
 
     def check_dictionary(self, dictionary) -> None:
         """Refuse a verifier dictionary other than the one the drafter was trained on."""

@@ -86,7 +86,9 @@ class SpeculativeGenerator:
     5. the verifier cache rolls back to the accepted length (free: a length).
     """
 
-    def __init__(self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules):
+    def __init__(
+        self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules, draft_block=None
+    ):
         self.model = model
         self.drafter = drafter
         self.scorer = BlockScorer(model.decoder)
@@ -97,6 +99,9 @@ class SpeculativeGenerator:
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.vocab = len(tgt_dict)
         self.block = drafter.block_size
+        self.draft_block = self.block if draft_block is None else draft_block  # slots the drafter runs
+        # fixed k with exact or top-k/gap acceptance never reads the confidence
+        self.needs_confidence = controller.uses_confidence or acceptance.uses_confidence
         self.stats = DecodeStats()
 
     @torch.no_grad()
@@ -156,7 +161,10 @@ class SpeculativeGenerator:
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
         draft_logits, drafter_state = self.draft(state)  # (B, horizon, V)
-        confidence = self.confidence(draft_logits)  # (B, horizon)
+        if self.needs_confidence:
+            confidence = self.confidence(draft_logits)  # (B, horizon)
+        else:
+            confidence = draft_logits.new_zeros(draft_logits.size(0), 0)  # (B, 0): nothing reads it
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
         k = torch.minimum(self.controller.propose(confidence), room)  # (B,)
@@ -170,8 +178,8 @@ class SpeculativeGenerator:
         state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
         t2 = now(state.tokens)
 
-        # mean confidence over the horizon; none with --spec-k 0
-        block_confidence = confidence.mean(dim=1) if confidence.size(1) else confidence.new_zeros(k.shape)  # (B,)
+        # mean confidence over the horizon, where it was computed
+        block_confidence = confidence.mean(dim=1) if confidence.size(1) else None  # (B,)
         self.stats.observe(k, accepted, gained, block_confidence)
         self.stats.draft_seconds += t1 - t0
         self.stats.verify_seconds += t2 - t1
@@ -183,7 +191,9 @@ class SpeculativeGenerator:
         (``--spec-k 0``) the drafter is not run and nothing is drafted."""
         if self.controller.horizon == 0:
             return state.scores.new_zeros(state.rows.numel(), 0, self.vocab), state.drafter
-        return self.drafter.draft(state.drafter, state.tokens, state.lengths, slots=self.controller.horizon)
+        return self.drafter.draft(
+            state.drafter, state.tokens, state.lengths, slots=self.controller.horizon, block=self.draft_block
+        )
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
         """Verifier log-probabilities after the last accepted token and each draft:

@@ -2,7 +2,7 @@
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from torch import Tensor
 
@@ -24,22 +24,26 @@ class DecodeStats:
     accepted: int = 0  # drafted tokens accepted
     rollbacks: int = 0  # row-iterations that rejected at least one drafted token
     confidence_sum: float = 0.0  # mean drafter confidence of the sent block, summed
+    confidence_rows: int = 0  # row-iterations whose confidence was computed
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     k_histogram: Counter = field(default_factory=Counter)
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
 
-    def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Tensor) -> None:
+    def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor]) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
-        and mean confidence of the drafted block (all (B,))."""
+        and mean confidence of the drafted block (all (B,); the confidence None where
+        no part of the decoder needed it)."""
         self.iterations += k.numel()
         self.batch_iterations += 1
         self.tokens += int(gained.sum())
         self.drafted += int(k.sum())
         self.accepted += int(accepted.sum())
         self.rollbacks += int((accepted < k).sum())
-        self.confidence_sum += float(confidence.sum())
+        if confidence is not None:
+            self.confidence_sum += float(confidence.sum())
+            self.confidence_rows += confidence.numel()
         self.k_histogram.update(k.tolist())
         width = int(k.max()) if k.numel() else 0
         while len(self.position_sent) < width:
@@ -62,7 +66,7 @@ class DecodeStats:
             "acceptance_rate": self.accepted / max(self.drafted, 1),
             "rollback_rate": self.rollbacks / its,
             "mean_k": self.drafted / its,
-            "mean_confidence": self.confidence_sum / its,
+            "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
             "draft_ms_per_iteration": 1000.0 * self.draft_seconds / batch_its,
             "verify_ms_per_iteration": 1000.0 * self.verify_seconds / batch_its,
             "k_histogram": dict(sorted(self.k_histogram.items())),
@@ -74,13 +78,14 @@ class DecodeStats:
     def format(self) -> str:
         """One log line."""
         s = self.summary()
+        mean_confidence = "n/a" if s["mean_confidence"] is None else f"{s['mean_confidence']:.3f}"
         return (
             f"speculative decoding: {s['sentences']} sentences, {s['tokens']} tokens, "
             f"{s['iterations']} row-iterations ({s['verifier_passes']} verifier passes), "
             f"mean accepted tokens/iteration {s['mean_accepted_tokens']:.3f}, "
             f"draft acceptance {100 * s['acceptance_rate']:.1f}%, "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
-            f"mean confidence {s['mean_confidence']:.3f}, "
+            f"mean confidence {mean_confidence}, "
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
             f"{s['verify_ms_per_iteration']:.2f} ms per iteration, "
             f"k histogram {s['k_histogram']}, "

@@ -8,9 +8,11 @@ together with fairseq's own generation options and assembles the parts.
 
 import atexit
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import torch
 from fairseq import checkpoint_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
@@ -40,6 +42,16 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd controller"})
     spec_k_max: Optional[int] = field(
         default=None, metadata={"help": "largest draft length of the cmasd controller (default: the drafter's block)"}
+    )
+    spec_draft_block: Optional[int] = field(
+        default=None,
+        metadata={"help": "mask slots the drafter runs per pass (default: its block, as trained); fewer, down to "
+                  "--spec-k or --spec-k-max, costs less, but the drafter then sees a shorter block than in training"},
+    )
+    spec_drafter_quantize: ChoiceEnum(["none", "int8"]) = field(
+        default="none",
+        metadata={"help": "int8: dynamic int8 quantization of the drafter's linear layers (CPU only): less memory "
+                  "read per drafter pass; the verifier keeps full precision, so exact acceptance stays lossless"},
     )
     spec_acceptance: ChoiceEnum(list(ACCEPTANCE_RULES)) = field(
         default="exact",
@@ -138,13 +150,35 @@ def load_drafter(path: str, task, like=None):
     return drafter.eval()
 
 
+def quantized_drafter(drafter):
+    """A copy of ``drafter`` whose ``nn.Linear`` layers (attention projections, FFN,
+    output projection) compute with int8 weights and dynamically quantized inputs
+    (``torch.ao.quantization.quantize_dynamic``, which torch has deprecated in favour
+    of torchao but still ships)."""
+    if next(drafter.parameters()).device.type != "cpu":
+        raise ValueError("--spec-drafter-quantize int8: dynamic int8 quantization runs on CPU only (drop --cuda or the option)")
+    with warnings.catch_warnings():
+        # torch 2.1x deprecates its quantized tensors in favour of torchao; they still
+        # work, and the warning would only repeat this docstring's caveat on every run
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
+        return torch.ao.quantization.quantize_dynamic(drafter, {torch.nn.Linear}, dtype=torch.qint8)
+
+
 def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: SpeculativeDecodingConfig, log_stats=True):
     """A ``SpeculativeGenerator`` for ``models[0]`` (the verifier) and ``drafter``."""
     if len(models) != 1:
         raise ValueError(f"speculative generation verifies with one model, got an ensemble of {len(models)}")
     refuse_unsupported(gen_cfg)
     drafter.check_dictionary(tgt_dict)
+    if cfg.spec_drafter_quantize == "int8":
+        drafter = quantized_drafter(drafter)
     controller, acceptance, confidence = build_parts(cfg, drafter.block_size)
+    draft_block = drafter.block_size if cfg.spec_draft_block is None else cfg.spec_draft_block
+    if not max(controller.horizon, 1) <= draft_block <= drafter.block_size:
+        raise ValueError(
+            f"--spec-draft-block: must be in [{max(controller.horizon, 1)}, {drafter.block_size}] (the draft "
+            f"length the controller can send .. the drafter's block), got {draft_block}"
+        )
     rules = LengthRules(
         max_len_a=gen_cfg.max_len_a,
         max_len_b=gen_cfg.max_len_b,
@@ -154,7 +188,9 @@ def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: Specula
         len_penalty=gen_cfg.lenpen,
         normalize_scores=not gen_cfg.unnormalized,
     )
-    generator = SpeculativeGenerator(models[0], drafter, tgt_dict, controller, acceptance, confidence, rules)
+    generator = SpeculativeGenerator(
+        models[0], drafter, tgt_dict, controller, acceptance, confidence, rules, draft_block=draft_block
+    )
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.
         atexit.register(lambda: generator.stats.sentences and logger.info(generator.stats.format()))

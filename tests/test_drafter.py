@@ -3,6 +3,7 @@ cache == recompute, ragged batches, dictionary and verifier-path errors, and the
 training-data helpers (cut points, block labels, glancing, acceptance length)."""
 
 import argparse
+import copy
 import os
 import types
 
@@ -211,6 +212,43 @@ def test_projecting_fewer_slots_keeps_their_logits():
     first, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
     assert first.shape == (2, 2, full.size(-1))
     torch.testing.assert_close(first, full[:, :2], rtol=0, atol=1e-6)
+
+
+def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
+    """``block=3`` runs three mask slots, as a drafter built with block 3 would (same
+    weights), and changes what they see: the slots attend to each other."""
+    drafter, verifier, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(6)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
+    tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
+    short, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2, block=3)  # (B, 2, V)
+    three = copy.deepcopy(drafter)
+    three.decoder.block_size = 3
+    expected, _ = three.draft(three.start(encoder_out, 12), tokens, lengths)  # (B, 3, V)
+    torch.testing.assert_close(short, expected[:, :2], rtol=0, atol=1e-6)
+    full, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2)
+    assert not torch.allclose(short, full, atol=1e-4)
+    with pytest.raises(ValueError, match="slots"):
+        drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=3, block=2)
+    with pytest.raises(ValueError, match="k_max"):
+        drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
+
+
+def test_int8_drafter_is_a_quantized_copy():
+    from cmasd.options import quantized_drafter
+
+    drafter, verifier, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(7)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
+    tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
+    quantized = quantized_drafter(drafter)
+    linear = [m for m in quantized.decoder.modules() if type(m) is torch.nn.Linear]
+    assert not linear, f"{len(linear)} full-precision linear layers left"
+    assert type(drafter.decoder.layers[0].fc1) is torch.nn.Linear  # the original is untouched
+    logits, _ = quantized.draft(quantized.start(encoder_out, 12), tokens, lengths)
+    reference, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths)
+    assert logits.shape == reference.shape and torch.isfinite(logits).all()
+    torch.testing.assert_close(logits, reference, rtol=0.1, atol=0.1)
 
 
 def test_drafting_refuses_rollback_and_overflow():

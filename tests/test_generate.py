@@ -119,8 +119,10 @@ def test_lossless_equals_beam1_with_trained_drafter(probe, verifier, drafter, gr
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-controller", "fixed", "--spec-k", "10", "--spec-acceptance", "exact")
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
-    # statistics are logged at the end of the run
+    # statistics are logged at the end of the run; fixed k and exact acceptance never
+    # read the drafter's confidence, so it is not computed
     assert "mean accepted tokens/iteration" in proc.stderr
+    assert "mean confidence n/a" in proc.stderr
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
@@ -136,6 +138,17 @@ def test_cmasd_controller_with_exact_acceptance_is_lossless(probe, verifier, dra
                     "--spec-controller", "cmasd", "--spec-k-min", "2", "--cmasd-alpha", "0.8",
                     "--cmasd-confidence", "ensemble", "--spec-acceptance", "exact")
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert re.search(r"mean confidence 0\.\d{3}", proc.stderr)
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_cheaper_drafter_options_stay_lossless(probe, verifier, drafter, greedy, batch_size):
+    """An int8 drafter running a shorter block drafts differently, never wrongly."""
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-k", "6", "--spec-draft-block", "6", "--spec-drafter-quantize", "int8",
+                    "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert "quantized tensor creation" not in proc.stderr  # the deprecation note is kept out of the log
 
 
 def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
@@ -216,6 +229,8 @@ def last_line(proc):
         (["--spec-acceptance", "cmasd", "--cmasd-gamma", "-1"], "--cmasd-gamma"),
         (["--cmasd-weights", "0.5,0.5,0.5"], "--cmasd-weights"),
         (["--sampling"], "--sampling"),
+        (["--spec-k", "10", "--spec-draft-block", "9"], "--spec-draft-block: must be in [10, 25]"),
+        (["--spec-controller", "cmasd", "--spec-draft-block", "24"], "--spec-draft-block: must be in [25, 25]"),
     ],
 )
 def test_unsupported_options_are_refused(probe, verifier, drafter, options, message):
