@@ -50,7 +50,9 @@ checkpoints/demo/.verifier-done; drafter: its checkpoint and checkpoints/demo/.d
 (which names the verifier it was trained for); bench: bench.json newer than the drafter.
 Delete a marker (or bench.json) to redo its stage; a training stage then resumes from its
 checkpoint_last.pt, and its time bound counts the hours already trained.
-Each stage's output is also kept in checkpoints/demo/logs/STAGE.log, and
+Each stage's output is also kept in checkpoints/demo/logs/STAGE.log (a skipped stage leaves
+the log of the run that did the work; a stage that runs again keeps its previous log as
+STAGE.log.1), and
 checkpoints/demo/stages.tsv gets a row per stage and run: run start, stage, seconds,
 ran|skipped|failed|interrupted.
 EOF
@@ -116,13 +118,28 @@ STAGE_START=0
 stage_begin() {
   STAGE="$1"
   STAGE_START="$SECONDS"
-  rm -f "$LOGS/$1.log"
+  # a run killed outright (no exit trap) leaves its .log.new: keep it as that run's log
+  if [[ -f "$LOGS/$1.log.new" ]]; then
+    if [[ -f "$LOGS/$1.log" ]]; then mv -f "$LOGS/$1.log" "$LOGS/$1.log.1"; fi
+    mv -f "$LOGS/$1.log.new" "$LOGS/$1.log"
+  fi
   log "stage $1: $2"
 }
 
-# stage_end ran|skipped|failed|interrupted: the stage's row in stages.tsv
+# stage_end ran|skipped|failed|interrupted: the stage's row in stages.tsv, and its log kept:
+# this run's output becomes LOGS/<stage>.log (the previous one LOGS/<stage>.log.1) unless the
+# stage was skipped, which leaves the log of the run that did the work
 stage_end() {
   printf '%s\t%s\t%s\t%s\n' "$RUN_STARTED" "$STAGE" "$((SECONDS - STAGE_START))" "$1" >> "$STAGES_TSV"
+  local new="$LOGS/$STAGE.log.new" kept="$LOGS/$STAGE.log"
+  if [[ -f "$new" ]]; then
+    if [[ "$1" == skipped && -f "$kept" ]]; then
+      rm -f "$new"
+    else
+      if [[ -f "$kept" ]]; then mv -f "$kept" "$kept.1"; fi
+      mv -f "$new" "$kept"
+    fi
+  fi
   STAGE=""
 }
 
@@ -145,9 +162,10 @@ trap on_exit EXIT
 trap 'INTERRUPTED=1; exit 130' INT
 trap 'INTERRUPTED=1; exit 143' TERM
 
-# logged CMD...: CMD, its stdout and stderr shown and kept in LOGS/<current stage>.log
+# logged CMD...: CMD, its stdout and stderr shown and written to LOGS/<current stage>.log.new
+# (stage_end keeps it)
 logged() {
-  "$@" 2>&1 | tee "$LOGS/$STAGE.log"
+  "$@" 2>&1 | tee "$LOGS/$STAGE.log.new"
 }
 
 # ------------------------------------------------------------------ 1 data
@@ -160,7 +178,7 @@ else
   logged bash "$CMASD_ROOT/data-prep/prepare-multi30k.sh" --dest "$DATA"
 fi
 # the recipe announces every step it runs with "step: NAME"
-if grep -q '^\[cmasd prep\] step: ' "$LOGS/data.log"; then stage_end ran; else stage_end skipped; fi
+if grep -q '^\[cmasd prep\] step: ' "$LOGS/data.log.new"; then stage_end ran; else stage_end skipped; fi
 
 # ------------------------------------------------------------------ 2 verifier
 
@@ -186,7 +204,7 @@ stage_begin distill "the verifier's translations of the training sources -> $DIS
 logged bash "$CMASD_ROOT/data-prep/distill.sh" "$DATA" "$VERIFIER_PT" --dest "$DISTILLED" \
   -- --max-len-a 1.5 --max-len-b 10
 # distill.sh checks the verifier's checksum and its options itself
-if grep -q '^\[cmasd prep\] skip: binarize (done)' "$LOGS/distill.log"; then stage_end skipped; else stage_end ran; fi
+if grep -q '^\[cmasd prep\] skip: binarize (done)' "$LOGS/distill.log.new"; then stage_end skipped; else stage_end ran; fi
 
 # ------------------------------------------------------------------ 4 drafter
 

@@ -13,7 +13,7 @@ from conftest import BIN, run
 from cmasd.bench import CONFIGS, resolve_configs
 from cmasd.tune import pareto_front
 
-BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "cmasd"]
+BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "cmasd", "cmasd-k4"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = ["rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration"]
 QUALITY = ["bleu", "bleu_vs_greedy", "exact_match_vs_greedy"]
