@@ -85,6 +85,14 @@ def test_loop_greedy_drafts_nothing(bench_json):
         assert row["rollback_rate"] == 0.0
 
 
+def test_cmasd_k4_sends_at_most_four_drafts(bench_json):
+    options = bench_json["configs"]["cmasd-k4"]["options"]
+    assert (options["spec_k_max"], options["spec_draft_block"]) == (4, 4)
+    for row in rows_of(bench_json, "cmasd-k4").values():
+        assert 0.0 < row["mean_k"] <= 4.0
+        assert 1.0 <= row["mean_accepted_tokens"] <= 5.0
+
+
 def test_bench_records_how_it_ran(bench_json):
     assert bench_json["command"][0].endswith("cmasd-bench") and "--max-sentences" in bench_json["command"]
     assert {"python", "torch", "fairseq", "sacrebleu", "sentencepiece"} <= set(bench_json["versions"])
