@@ -849,6 +849,21 @@ def markdown_table(rows: Sequence[Dict[str, Any]], metric: str) -> str:
     return "\n".join(lines)
 
 
+def line_styles(names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """A colour per configuration, none repeated and none the floor's (black, dashed):
+    matplotlib's default cycle has 10 colours, one of them grey, and repeats after 10."""
+    from matplotlib import colormaps
+
+    configs = [name for name in names if name != FLOOR]
+    palette = colormaps["tab10" if len(configs) <= 10 else "tab20"].colors
+    if len(configs) > len(palette):
+        palette = [colormaps["turbo"](i / max(len(configs) - 1, 1)) for i in range(len(configs))]
+    styles: Dict[str, Dict[str, Any]] = {name: {"color": palette[i]} for i, name in enumerate(configs)}
+    if FLOOR in names:
+        styles[FLOOR] = {"color": "black", "linestyle": "--"}
+    return styles
+
+
 def plot_latency_throughput(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
     """Fig. 2 of the paper: latency (ms per batch) against throughput (tokens/s),
     one line per configuration through its batch sizes."""
@@ -861,10 +876,11 @@ def plot_latency_throughput(rows: Sequence[Dict[str, Any]], path: str, title: st
     fig, ax = plt.subplots(figsize=(7, 5))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for name in dict.fromkeys(r["config"] for r in rows):
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    styles = line_styles(names)
+    for name in names:
         points = sorted((r["batch_size"], r["tokens_per_second"], r["ms_per_batch"]) for r in rows if r["config"] == name)
-        style = {"linestyle": "--", "color": "grey"} if name == FLOOR else {}
-        ax.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=name, **style)
+        ax.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=name, **styles[name])
         for bs, x, y in points:
             ax.annotate(str(bs), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     for axis in (ax.xaxis, ax.yaxis):

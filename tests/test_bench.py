@@ -7,10 +7,11 @@ import math
 import subprocess
 import sys
 
+import matplotlib.colors
 import pytest
 from conftest import BIN, run
 
-from cmasd.bench import CONFIGS, resolve_configs
+from cmasd.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tune import pareto_front
 
 BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "cmasd", "cmasd-k4"]
@@ -106,6 +107,15 @@ def test_bench_writes_table_and_figure(bench_out):
     assert all(f"| {name} |" in table for name in BENCH_CONFIGS + ["floor"])
     png = (bench_out / "latency-throughput.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("count", [3, 10, 11, 25])
+def test_every_line_of_the_figure_has_its_own_colour(count):
+    names = [f"config-{i}" for i in range(count)] + ["floor"]
+    styles = line_styles(names)
+    colours = [matplotlib.colors.to_hex(styles[name]["color"]) for name in names]
+    assert len(set(colours)) == len(names)
+    assert styles["floor"]["linestyle"] == "--"
 
 
 def test_tune_grid_and_front(multi30k, verifier, drafter, tmp_path):
