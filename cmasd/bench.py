@@ -507,7 +507,9 @@ class Run:
     """One recorded or unrecorded pass of one configuration at one batch size."""
 
     seconds: float
+    batch_seconds: List[float]  # of each batch, in order (they sum to ``seconds``)
     hypotheses: Optional[Dict[int, List[int]]] = None  # None for the floor
+    batch_longest: Optional[List[int]] = None  # longest output of each batch; None for the floor
     stats: Optional[Dict[str, Any]] = None  # the speculative generator's summary
 
 
@@ -518,13 +520,16 @@ def decode_split(generator, setup: Setup, batches) -> Run:
     is_speculative = hasattr(generator, "stats")
     if is_speculative:
         generator.stats = DecodeStats()
-    seconds, hypotheses = 0.0, {}
+    batch_seconds, hypotheses, longest = [], {}, []
     for sample in batches:
         start = clock(setup.device)
         hypos = generator.generate([setup.model], sample)
-        seconds += clock(setup.device) - start
-        hypotheses.update(best_tokens(sample, hypos))
-    return Run(seconds, hypotheses, generator.stats.summary() if is_speculative else None)
+        batch_seconds.append(clock(setup.device) - start)
+        best = best_tokens(sample, hypos)
+        hypotheses.update(best)
+        longest.append(max(len(tokens) for tokens in best.values()))
+    stats = generator.stats.summary() if is_speculative else None
+    return Run(sum(batch_seconds), batch_seconds, hypotheses, longest, stats)
 
 
 def teacher_forced_input(sample, hypotheses: Mapping[int, List[int]], eos: int, pad: int) -> Dict[str, Any]:
@@ -545,12 +550,12 @@ def teacher_forced_input(sample, hypotheses: Mapping[int, List[int]], eos: int, 
 @torch.no_grad()
 def score_split(setup: Setup, inputs: Sequence[Dict[str, Any]]) -> Run:
     """The floor: one teacher-forced verifier forward pass per batch, timed."""
-    seconds = 0.0
+    batch_seconds = []
     for net_input in inputs:
         start = clock(setup.device)
         setup.model(**net_input)  # logits (B, T, V)
-        seconds += clock(setup.device) - start
-    return Run(seconds)
+        batch_seconds.append(clock(setup.device) - start)
+    return Run(sum(batch_seconds), batch_seconds)
 
 
 @dataclass
@@ -564,6 +569,10 @@ class Measurements:
 
     def first(self, name: str, bs: int) -> Run:
         return self.runs[(name, bs)][0]
+
+    def batch_seconds(self, name: str, bs: int) -> List[float]:
+        """Seconds of each batch, mean over repetitions."""
+        return [statistics.fmean(batch) for batch in zip(*(r.batch_seconds for r in self.runs[(name, bs)]))]
 
 
 def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[int, list], warmup: int,
@@ -690,7 +699,10 @@ COLUMNS: Dict[str, str] = {
     "rollback_rate": "fraction of row-iterations that rejected a drafted token (speculative only)",
     "mean_k": "drafted tokens sent per row-iteration (speculative only)",
     "draft_ms_per_iteration": "drafting time per batched iteration, ms (speculative only)",
-    "verify_ms_per_iteration": "verification time per batched iteration, ms (speculative only)",
+    "verify_ms_per_iteration": "verifier pass and fairseq's length/score rules per batched iteration, ms "
+    "(speculative only)",
+    "bookkeeping_ms_per_iteration": "acceptance, appending, statistics, dropping finished rows and growing the "
+    "caches per batched iteration, ms (speculative only)",
     "tokens": "generated target tokens, eos included (the floor: greedy's, scored)",
     "seconds_mean": "wall seconds of the generate calls over the split, mean over repetitions",
     "seconds_std": "their standard deviation (0 with one repetition)",
@@ -702,9 +714,12 @@ COLUMNS: Dict[str, str] = {
     "speedup_vs_greedy": "greedy seconds / these seconds, mean of per-repetition ratios",
     "speedup_vs_greedy_std": "its standard deviation",
     "x_floor": "these seconds / the floor's seconds, mean of per-repetition ratios",
+    "batch_seconds": "seconds of each batch in order, mean over repetitions (where the time of a pass goes)",
+    "batch_longest_output": "tokens of the longest output of each batch, eos included (n/a for the floor)",
 }
 SPECULATIVE_STATS = [
-    "mean_accepted_tokens", "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration"
+    "mean_accepted_tokens", "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration",
+    "bookkeeping_ms_per_iteration",
 ]
 
 
@@ -776,6 +791,8 @@ def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, 
         row["mean_accepted_tokens"] = 1.0  # one token per verifier pass, by definition
     tokens = sum(len(hyps[i]) for i in ids)
     row.update(timing_columns(m, config.name, bs, tokens, len(ids), n_batches, have_beam5))
+    row["batch_seconds"] = m.batch_seconds(config.name, bs)
+    row["batch_longest_output"] = m.first(config.name, bs).batch_longest
     if stats:
         row["decode_stats"] = stats
     return row
@@ -789,6 +806,8 @@ def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, have_beam5:
     row.update({k: None for k in SPECULATIVE_STATS})
     tokens = sum(len(t) for t in greedy.values())
     row.update(timing_columns(m, FLOOR, bs, tokens, len(greedy), n_batches, have_beam5))
+    row["batch_seconds"] = m.batch_seconds(FLOOR, bs)
+    row["batch_longest_output"] = None
     return row
 
 
@@ -820,6 +839,7 @@ TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
     ("mean_k", "mean k", ".2f"),
     ("draft_ms_per_iteration", "draft ms/iter", ".2f"),
     ("verify_ms_per_iteration", "verify ms/iter", ".2f"),
+    ("bookkeeping_ms_per_iteration", "bookkeeping ms/iter", ".2f"),
     ("seconds_mean", "seconds", "±"),
     ("tokens_per_second", "tok/s", ".1f"),
     ("ms_per_batch", "ms/batch", ".1f"),

@@ -55,6 +55,7 @@ from cmasd.attention import (
     output_logits,
 )
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
+from cmasd.kv_cache import widened
 
 DECODER_INIT_CHOICES = ChoiceEnum(["verifier", "random"])
 
@@ -160,7 +161,7 @@ class DrafterState:
     slot that absorbs the writes of padding entries and is never attended to. ``cached``
     (B,) counts the prefix tokens of each row in the cache. ``draft`` writes new prefix
     keys/values in place at indices >= ``cached`` only (the cache is append-only), and
-    returns a record with the new counts.
+    returns a record with the new counts. ``grow`` makes room for longer prefixes.
     """
 
     keys: Tuple[Tensor, ...]  # per layer (B, H, capacity + 1, d)
@@ -173,6 +174,17 @@ class DrafterState:
     def capacity(self) -> int:
         """Most prefix tokens (BOS included) a row may hold."""
         return self.keys[0].size(2) - 1
+
+    def grow(self, capacity: int) -> "DrafterState":
+        """The same cache with room for ``capacity`` prefix tokens (no-op if it has them)."""
+        if capacity <= self.capacity:
+            return self
+        size = capacity + 1  # the scratch slot stays last; the old one held nothing to keep
+        return dataclasses.replace(
+            self,
+            keys=tuple(widened(k[:, :, : self.capacity], size) for k in self.keys),
+            values=tuple(widened(v[:, :, : self.capacity], size) for v in self.values),
+        )
 
     def select(self, rows: Tensor) -> "DrafterState":
         """Keep the rows ``rows`` (LongTensor of indices), e.g. to drop finished ones."""
@@ -338,7 +350,9 @@ class SpecDrafterDecoder(TransformerDecoderBase):
         if least_new < 0:
             raise ValueError("drafter cache is append-only: a row's length fell below its cached count")
         if longest > capacity:
-            raise ValueError(f"prefix of {longest} tokens exceeds the drafter cache capacity {capacity} (see start())")
+            raise ValueError(
+                f"prefix of {longest} tokens exceeds the drafter cache capacity {capacity} (see start() and grow())"
+            )
 
         offsets = torch.arange(most_new, device=device)  # (N,)
         index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
@@ -396,6 +410,7 @@ class SpecDrafterModel(FairseqEncoderDecoderModel):
         state = model.start(encoder_out, max_len)     # verifier's encoder output, or model.encode(...)
         logits, state = model.draft(state, tokens, lengths)   # (B, k_max, V)
         state = state.select(rows)
+        state = state.grow(capacity)                  # room for longer prefixes
     """
 
     def __init__(self, cfg: SpecDrafterConfig, encoder, decoder: SpecDrafterDecoder):

@@ -112,19 +112,29 @@ class SpeculativeGenerator:
         bsz, src_len = src_tokens.shape[:2]
         max_len = self.rules.max_len(src_len)
         capacity = max_len + self.block + 2
+        # the caches start with room for a target a block longer than the source and grow
+        expected = min(src_len + 2 * (self.block + 1), capacity)
 
         self.warn_empty_sources(sample)
         encoder_out = self.model.encoder.forward_torchscript(net_input)
-        state = self.start(encoder_out, net_input, bsz, capacity)
+        state = self.start(encoder_out, net_input, bsz, capacity, expected)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         while state.rows.numel() > 0:
             state, done = self.step(state, max_len)
-            for row in done.nonzero().flatten().tolist():
-                finished[int(state.rows[row])] = [self.hypothesis(state, row)]
-            if done.any():
-                state = state.select((~done).nonzero().flatten())
+            t0 = now(state.tokens)
+            state = self.retire(state, done, finished)
+            self.stats.bookkeeping_seconds += now(state.tokens) - t0
         self.stats.sentences += bsz
         return finished
+
+    def retire(self, state: DecodeState, done: Tensor, finished: List[List[Dict[str, Tensor]]]) -> DecodeState:
+        """Record the hypotheses of the rows that just finished (``done`` (B,) bool) and
+        drop them; make room in the caches for the next iteration of the others."""
+        for row in done.nonzero().flatten().tolist():
+            finished[int(state.rows[row])] = [self.hypothesis(state, row)]
+        if done.any():
+            state = state.select((~done).nonzero().flatten())
+        return self.reserve(state) if state.rows.numel() else state
 
     @staticmethod
     def warn_empty_sources(sample: Dict[str, Any]) -> None:
@@ -138,7 +148,8 @@ class SpeculativeGenerator:
                 ", ".join(map(str, ids)),
             )
 
-    def start(self, encoder_out, net_input, bsz: int, capacity: int) -> DecodeState:
+    def start(self, encoder_out, net_input, bsz: int, capacity: int, cache_capacity: int) -> DecodeState:
+        """Rows of at most ``capacity`` tokens; caches for ``cache_capacity`` positions."""
         device = net_input["src_tokens"].device
         tokens = torch.full((bsz, capacity), self.pad, dtype=torch.long, device=device)
         tokens[:, 0] = self.eos
@@ -152,9 +163,19 @@ class SpeculativeGenerator:
             scores=torch.zeros(bsz, capacity, device=device),
             lengths=torch.ones(bsz, dtype=torch.long, device=device),
             steps=torch.zeros(bsz, dtype=torch.long, device=device),
-            verifier=self.scorer.start(encoder_out, capacity),
-            drafter=self.drafter.start(drafter_encoder_out, capacity),
+            verifier=self.scorer.start(encoder_out, cache_capacity),
+            drafter=self.drafter.start(drafter_encoder_out, cache_capacity),
         )
+
+    def reserve(self, state: DecodeState) -> DecodeState:
+        """Room in both caches for one more iteration of the longest row: its prefix
+        and a full block. Grows them by doubling, up to the tokens' capacity. (The
+        caches ``start`` makes have room for the first iteration.)"""
+        needed = int(state.lengths.max()) + self.block + 1
+        if needed <= state.verifier.capacity:
+            return state
+        capacity = min(max(needed, 2 * state.verifier.capacity), state.tokens.size(1))
+        return replace(state, verifier=state.verifier.grow(capacity), drafter=state.drafter.grow(capacity))
 
     def step(self, state: DecodeState, max_len: int):
         """One draft/verify iteration of every active row. Returns the new state and
@@ -173,16 +194,18 @@ class SpeculativeGenerator:
         t1 = now(state.tokens)
 
         lprobs = self.verify(state, proposal, max_len)  # (B, width + 1, V)
+        t2 = now(state.tokens)
         accepted, next_token = self.acceptance.accept(proposal, lprobs)  # (B,), (B,)
         self.controller.observe(k, accepted)
         state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
-        t2 = now(state.tokens)
-
         # mean confidence over the horizon, where it was computed
         block_confidence = confidence.mean(dim=1) if confidence.size(1) else None  # (B,)
         self.stats.observe(k, accepted, gained, block_confidence)
+        t3 = now(state.tokens)
+
         self.stats.draft_seconds += t1 - t0
         self.stats.verify_seconds += t2 - t1
+        self.stats.bookkeeping_seconds += t3 - t2
         return replace(state, drafter=drafter_state), done
 
     def draft(self, state: DecodeState):

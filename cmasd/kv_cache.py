@@ -6,9 +6,13 @@ scoring a block writes its keys/values at positions ``start .. start + n - 1`` a
 masks every query to positions ``<= its own``. Rolling back after a rejection is
 setting the row's length: entries past it are never attended again and are simply
 overwritten by the next block, so rollback copies nothing.
+
+The capacity starts near the expected length and grows on demand (``grow``): dropping
+finished rows copies every layer's cache, so a cache sized for fairseq's longest
+output (``max_len_b`` 200) would make each of those copies several times dearer.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Tuple
 
 import torch
@@ -26,6 +30,21 @@ class VerifierCache:
     cross: List[Tuple[Tensor, Tensor]]  # per layer encoder keys/values (B, H, S, d)
     cross_mask: Tensor  # (B, 1, 1, S) True where the source token is real
 
+    @property
+    def capacity(self) -> int:
+        """Positions each row's cache holds."""
+        return self.keys[0].size(2)
+
+    def grow(self, capacity: int) -> "VerifierCache":
+        """The same cache with room for ``capacity`` positions (no-op if it has them)."""
+        if capacity <= self.capacity:
+            return self
+        return replace(
+            self,
+            keys=[widened(k, capacity) for k in self.keys],
+            values=[widened(v, capacity) for v in self.values],
+        )
+
     def select(self, rows: Tensor) -> "VerifierCache":
         """Keep only ``rows`` (LongTensor of row indices)."""
         return VerifierCache(
@@ -34,6 +53,15 @@ class VerifierCache:
             cross=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross],
             cross_mask=self.cross_mask.index_select(0, rows),
         )
+
+
+def widened(cache: Tensor, size: int) -> Tensor:
+    """A copy of ``cache`` (B, H, T, d) with zeros appended up to (B, H, size, d).
+    Zeros, not uninitialised memory: masked-out entries still meet the attention
+    weights (0 * NaN would be NaN)."""
+    bigger = cache.new_zeros(cache.shape[:2] + (size,) + cache.shape[3:])  # (B, H, size, d)
+    bigger[:, :, : cache.size(2)] = cache
+    return bigger
 
 
 class BlockScorer:
@@ -85,8 +113,8 @@ class BlockScorer:
         x = embed(self.decoder, tokens, index + self.padding_idx + 1)  # (B, n, C)
 
         used = int(index.max()) + 1
-        if used > cache.keys[0].size(2):
-            raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.keys[0].size(2)}")
+        if used > cache.capacity:
+            raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.capacity} (grow it)")
         key_pos = torch.arange(used, device=tokens.device)
         mask = (key_pos[None, None, :] <= index[:, :, None])[:, None]  # (B, 1, n, used)
         write = index[:, None, :, None]  # (B, 1, n, 1)

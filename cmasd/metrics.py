@@ -4,6 +4,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import torch
 from torch import Tensor
 
 
@@ -25,8 +26,9 @@ class DecodeStats:
     rollbacks: int = 0  # row-iterations that rejected at least one drafted token
     confidence_sum: float = 0.0  # mean drafter confidence of the sent block, summed
     confidence_rows: int = 0  # row-iterations whose confidence was computed
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0  # drafter pass, confidence, controller
+    verify_seconds: float = 0.0  # verifier pass over the block, fairseq's length/score rules
+    bookkeeping_seconds: float = 0.0  # acceptance, appending, dropping finished rows, growing caches
     k_histogram: Counter = field(default_factory=Counter)
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
@@ -34,24 +36,30 @@ class DecodeStats:
     def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor]) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
         and mean confidence of the drafted block (all (B,); the confidence None where
-        no part of the decoder needed it)."""
-        self.iterations += k.numel()
+        no part of the decoder needed it). One transfer to the host per iteration."""
+        width = int(k.max()) if k.numel() else 0
+        position = torch.arange(width, device=k.device)  # (W,)
+        sent = (k[:, None] > position).sum(dim=0)  # (W,) rows that sent a draft at each position
+        kept = (accepted[:, None] > position).sum(dim=0)  # (W,) rows that accepted it
+        counts = torch.stack([gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum()])  # (4,)
+        counts, sent, kept, ks = (t.tolist() for t in (counts, sent, kept, k))
+        self.iterations += len(ks)
         self.batch_iterations += 1
-        self.tokens += int(gained.sum())
-        self.drafted += int(k.sum())
-        self.accepted += int(accepted.sum())
-        self.rollbacks += int((accepted < k).sum())
+        self.tokens += counts[0]
+        self.drafted += counts[1]
+        self.accepted += counts[2]
+        self.rollbacks += counts[3]
         if confidence is not None:
             self.confidence_sum += float(confidence.sum())
             self.confidence_rows += confidence.numel()
-        self.k_histogram.update(k.tolist())
-        width = int(k.max()) if k.numel() else 0
-        while len(self.position_sent) < width:
-            self.position_sent.append(0)
-            self.position_accepted.append(0)
+        self.k_histogram.update(ks)
+        if len(self.position_sent) < width:
+            grow = width - len(self.position_sent)
+            self.position_sent += [0] * grow
+            self.position_accepted += [0] * grow
         for i in range(width):
-            self.position_sent[i] += int((k > i).sum())
-            self.position_accepted[i] += int((accepted > i).sum())
+            self.position_sent[i] += sent[i]
+            self.position_accepted[i] += kept[i]
 
     def summary(self) -> Dict[str, object]:
         """The figures users report, as a flat dictionary."""
@@ -69,6 +77,7 @@ class DecodeStats:
             "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
             "draft_ms_per_iteration": 1000.0 * self.draft_seconds / batch_its,
             "verify_ms_per_iteration": 1000.0 * self.verify_seconds / batch_its,
+            "bookkeeping_ms_per_iteration": 1000.0 * self.bookkeeping_seconds / batch_its,
             "k_histogram": dict(sorted(self.k_histogram.items())),
             "position_acceptance": [
                 a / s if s else 0.0 for a, s in zip(self.position_accepted, self.position_sent)
@@ -87,7 +96,8 @@ class DecodeStats:
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
             f"mean confidence {mean_confidence}, "
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
-            f"{s['verify_ms_per_iteration']:.2f} ms per iteration, "
+            f"{s['verify_ms_per_iteration']:.2f} ms + bookkeeping "
+            f"{s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, "
             f"k histogram {s['k_histogram']}, "
             "acceptance by position "
             + " ".join(f"{p:.2f}" for p in s["position_acceptance"][:10])

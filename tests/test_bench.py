@@ -16,14 +16,16 @@ from cmasd.tune import pareto_front
 
 BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "cmasd", "cmasd-k4"]
 BATCH_SIZES = [1, 4]
-SPECULATIVE_STATS = ["rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration"]
+SPECULATIVE_STATS = [
+    "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration"
+]
 QUALITY = ["bleu", "bleu_vs_greedy", "exact_match_vs_greedy"]
 
 
 def not_applicable(row):
     """The columns that are n/a (null) by design for this row's kind."""
     if row["kind"] == "floor":
-        return set(QUALITY + SPECULATIVE_STATS + ["mean_accepted_tokens"])
+        return set(QUALITY + SPECULATIVE_STATS + ["mean_accepted_tokens", "batch_longest_output"])
     if row["kind"] == "fairseq":
         return set(SPECULATIVE_STATS + ([] if row["config"] == "greedy" else ["mean_accepted_tokens"]))
     return set()
@@ -61,8 +63,20 @@ def test_bench_columns_present_and_finite(bench_json):
             value = row[column]
             if column in not_applicable(row):
                 assert value is None, (row["config"], column, value)
+            elif isinstance(value, list):  # one value per batch
+                assert len(value) == row["batches"], (row["config"], column)
+                assert all(math.isfinite(v) and v > 0 for v in value), (row["config"], row["batch_size"], column)
             elif not isinstance(value, str):
                 assert value is not None and math.isfinite(value), (row["config"], row["batch_size"], column)
+
+
+def test_batch_figures_add_up(bench_json):
+    for row in bench_json["rows"]:
+        assert sum(row["batch_seconds"]) == pytest.approx(row["seconds_mean"], rel=1e-6)
+    for name, rows in ((n, rows_of(bench_json, n)) for n in ("greedy", "cmasd")):
+        for bs, row in rows.items():
+            assert max(row["batch_longest_output"]) <= row["tokens"], name
+            assert sum(row["batch_longest_output"]) >= row["tokens"] / bs, name
 
 
 def test_greedy_is_its_own_reference(bench_json):

@@ -99,3 +99,27 @@ def test_rollback_is_setting_the_length():
         scorer.score(fresh, prefix, zero)
         expected = scorer.score(fresh, kept, zero + 6)
     assert torch.allclose(after_rollback, expected, atol=1e-5)
+
+
+def test_a_grown_cache_scores_as_a_large_one():
+    """A cache started small and grown before each block (as the generator grows it)
+    scores as fairseq's incremental decoder does; a block past the capacity is refused."""
+    model, dictionary = tiny_transformer(True, True)
+    torch.manual_seed(3)
+    src = torch.randint(4, len(dictionary), (2, 6))
+    tgt = torch.randint(4, len(dictionary), (2, 12))
+    tgt[:, 0] = dictionary.eos()
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+        expected = incremental_logits(model, encoder_out, tgt)  # (B, T, V)
+        scorer = BlockScorer(model.decoder)
+        cache = scorer.start(encoder_out, capacity=2)
+        with pytest.raises(ValueError, match="past the cache's capacity 2"):
+            scorer.score(cache, tgt[:, :3], torch.zeros(2, dtype=torch.long))
+        got = []
+        for start, end in ((0, 2), (2, 5), (5, 12)):
+            cache = cache.grow(end)
+            assert cache.capacity == end
+            got.append(scorer.score(cache, tgt[:, start:end], torch.full((2,), start)))
+        assert cache.grow(4) is cache  # never shrinks
+    torch.testing.assert_close(torch.cat(got, dim=1), expected, rtol=0, atol=1e-4)

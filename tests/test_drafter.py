@@ -184,6 +184,22 @@ def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normal
             lengths = lengths + torch.tensor(growth[step])
 
 
+def test_a_grown_cache_drafts_as_a_large_one():
+    drafter, verifier, dictionary = tiny_drafter()
+    gen = torch.Generator().manual_seed(6)
+    _, _, encoder_out = encoded_source(verifier, dictionary, gen, 2)
+    full = sequences(dictionary, gen, 2, 12)
+    state = drafter.start(encoder_out, 3)
+    for lengths in ([2, 3], [6, 4], [7, 11]):
+        lengths = torch.tensor(lengths)
+        state = state.grow(int(lengths.max()))
+        assert state.capacity == int(lengths.max()) and state.keys[0].size(2) == state.capacity + 1
+        tokens = full.masked_fill(torch.arange(12)[None, :] >= lengths[:, None], dictionary.pad())
+        logits, state = drafter.draft(state, tokens, lengths)
+        torch.testing.assert_close(logits, draft_from_scratch(drafter, encoder_out, tokens, lengths), rtol=0, atol=1e-5)
+    assert state.grow(5) is state  # never shrinks
+
+
 def test_row_selection_keeps_rows_consistent():
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(4)

@@ -214,6 +214,18 @@ def test_nothing_drafted_equals_beam1(probe, verifier, drafter, greedy, batch_si
     assert "mean k 0.00" in proc.stderr
 
 
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_outputs_longer_than_the_first_cache_stay_lossless(probe, verifier, drafter, batch_size):
+    """The caches start with room for about the source length plus two blocks and grow
+    while rows run on; ``--min-len 150`` makes every hypothesis outgrow them."""
+    long = ("--min-len", "150")
+    reference = hypotheses(generate(probe, verifier, "--batch-size", "16", *long).stdout)
+    assert min(len(tokens.split()) for _, tokens in reference.values()) >= 149
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-k", "10", "--spec-acceptance", "exact", *long)
+    assert_same_hypotheses(hypotheses(proc.stdout), reference)
+
+
 def last_line(proc):
     return proc.stderr.strip().splitlines()[-1]
 
