@@ -106,6 +106,7 @@ FULL_CMASD = {**ADAPTIVE_K, **ADAPTIVE_TAU, "cmasd_confidence": "ensemble"}
 # On a CPU a verifier pass over k+1 positions costs more the longer the block (8 ms for 1,
 # 15 ms for 11 with the compact verifier on 2 cores): cap k, and run only the slots sent.
 SHORT_BLOCK = {"spec_k_max": 4, "spec_draft_block": 4}
+EIGHT_BLOCK = {"spec_k_max": 8, "spec_draft_block": 8}
 
 
 def speculative(name: str, description: str, *parts: Mapping[str, Any]) -> BenchConfig:
@@ -125,10 +126,14 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("specdec-k10", "SpecDec: fixed k=10, top-beta + fixed tau", FIXED_K10, FIXED_TAU),
         speculative("specdec-k25", "SpecDec: fixed k=25, top-beta + fixed tau", FIXED_K10, {"spec_k": 25}, FIXED_TAU),
         speculative("specdec-k10-exact", "fixed k=10, exact acceptance (lossless)", FIXED_K10, EXACT),
+        speculative("specdec-k5-exact", "fixed k=5 and a 5-slot drafter block, exact acceptance (lossless; "
+                    "the fastest fixed k on a 2-core CPU)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT),
         speculative("specdec-k25-exact", "fixed k=25, exact acceptance (lossless)", FIXED_K10, {"spec_k": 25}, EXACT),
         speculative("cmasd", "CM-ASD: adaptive k + adaptive tau, ensemble confidence", FULL_CMASD),
         speculative("cmasd-k4", "CM-ASD with k_max=4 and a 4-slot drafter block (the operating point "
                     "cmasd-tune found on a 2-core CPU)", FULL_CMASD, SHORT_BLOCK),
+        speculative("cmasd-k8", "CM-ASD with k_max=8 and an 8-slot drafter block (the faster cap with the "
+                    "demo's one-hour drafter)", FULL_CMASD, EIGHT_BLOCK),
         speculative("cmasd-exact", "CM-ASD's adaptive k, exact acceptance (lossless)", ADAPTIVE_K, EXACT),
         speculative("cmasd-text-tau", "CM-ASD with tau = tau_base + gamma*C (the paper's text)",
                     FULL_CMASD, {"cmasd_tau_schedule": "confidence"}),
@@ -147,7 +152,10 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("abl-full", "Table III: full CM-ASD (= cmasd)", FULL_CMASD),
     ]
 }
-DEFAULT_CONFIGS = "beam5,greedy,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,cmasd,cmasd-k4"
+DEFAULT_CONFIGS = (
+    "beam5,greedy,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
+    "cmasd,cmasd-k4,cmasd-k8"
+)
 
 # A comma starts a new configuration only where a name follows (so that values such as
 # cmasd_weights=0.5,0.25,0.25 keep their commas).

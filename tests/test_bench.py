@@ -14,7 +14,8 @@ from conftest import BIN, run
 from cmasd.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tune import pareto_front
 
-BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "cmasd", "cmasd-k4"]
+BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact", "cmasd", "cmasd-k4",
+                 "cmasd-k8"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = [
     "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration"
@@ -86,7 +87,7 @@ def test_greedy_is_its_own_reference(bench_json):
         assert row["mean_accepted_tokens"] == 1.0
 
 
-@pytest.mark.parametrize("name", ["specdec-k10-exact", "loop-greedy"])
+@pytest.mark.parametrize("name", ["specdec-k10-exact", "specdec-k5-exact", "loop-greedy"])
 def test_lossless_configuration_matches_greedy(bench_json, name):
     for row in rows_of(bench_json, name).values():
         assert row["exact_match_vs_greedy"] == 1.0
@@ -100,12 +101,15 @@ def test_loop_greedy_drafts_nothing(bench_json):
         assert row["rollback_rate"] == 0.0
 
 
-def test_cmasd_k4_sends_at_most_four_drafts(bench_json):
-    options = bench_json["configs"]["cmasd-k4"]["options"]
-    assert (options["spec_k_max"], options["spec_draft_block"]) == (4, 4)
-    for row in rows_of(bench_json, "cmasd-k4").values():
-        assert 0.0 < row["mean_k"] <= 4.0
-        assert 1.0 <= row["mean_accepted_tokens"] <= 5.0
+@pytest.mark.parametrize("name, cap", [("cmasd-k4", 4), ("cmasd-k8", 8), ("specdec-k5-exact", 5)])
+def test_short_block_configurations_send_at_most_their_cap(bench_json, name, cap):
+    options = bench_json["configs"][name]["options"]
+    assert options["spec_k_max" if name.startswith("cmasd") else "spec_k"] == cap
+    assert options["spec_draft_block"] == cap
+    for row in rows_of(bench_json, name).values():
+        assert 0.0 < row["mean_k"] <= cap
+        assert max(int(k) for k in row["decode_stats"]["k_histogram"]) <= cap
+        assert 1.0 <= row["mean_accepted_tokens"] <= cap + 1
 
 
 def test_bench_records_how_it_ran(bench_json):
