@@ -28,7 +28,7 @@ class DecodeStats:
     confidence_rows: int = 0  # row-iterations whose confidence was computed
     draft_seconds: float = 0.0  # drafter pass, confidence, controller
     verify_seconds: float = 0.0  # verifier pass over the block, fairseq's length/score rules
-    bookkeeping_seconds: float = 0.0  # acceptance, appending, dropping finished rows, growing caches
+    bookkeeping_seconds: float = 0.0  # acceptance, appending, these statistics, dropping rows, growing caches
     k_histogram: Counter = field(default_factory=Counter)
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
@@ -36,7 +36,8 @@ class DecodeStats:
     def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor]) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
         and mean confidence of the drafted block (all (B,); the confidence None where
-        no part of the decoder needed it). One transfer to the host per iteration."""
+        no part of the decoder needed it). A few host transfers per iteration, not a few per
+        drafted position."""
         width = int(k.max()) if k.numel() else 0
         position = torch.arange(width, device=k.device)  # (W,)
         sent = (k[:, None] > position).sum(dim=0)  # (W,) rows that sent a draft at each position
