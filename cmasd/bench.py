@@ -514,11 +514,14 @@ def best_tokens(sample, hypos) -> Dict[int, List[int]]:
 class Run:
     """One recorded or unrecorded pass of one configuration at one batch size."""
 
-    seconds: float
-    batch_seconds: List[float]  # of each batch, in order (they sum to ``seconds``)
+    batch_seconds: List[float]  # of each batch, in order
     hypotheses: Optional[Dict[int, List[int]]] = None  # None for the floor
     batch_longest: Optional[List[int]] = None  # longest output of each batch; None for the floor
     stats: Optional[Dict[str, Any]] = None  # the speculative generator's summary
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.batch_seconds)
 
 
 def decode_split(generator, setup: Setup, batches) -> Run:
@@ -537,7 +540,7 @@ def decode_split(generator, setup: Setup, batches) -> Run:
         hypotheses.update(best)
         longest.append(max(len(tokens) for tokens in best.values()))
     stats = generator.stats.summary() if is_speculative else None
-    return Run(sum(batch_seconds), batch_seconds, hypotheses, longest, stats)
+    return Run(batch_seconds, hypotheses, longest, stats)
 
 
 def teacher_forced_input(sample, hypotheses: Mapping[int, List[int]], eos: int, pad: int) -> Dict[str, Any]:
@@ -563,7 +566,7 @@ def score_split(setup: Setup, inputs: Sequence[Dict[str, Any]]) -> Run:
         start = clock(setup.device)
         setup.model(**net_input)  # logits (B, T, V)
         batch_seconds.append(clock(setup.device) - start)
-    return Run(sum(batch_seconds), batch_seconds)
+    return Run(batch_seconds)
 
 
 @dataclass
