@@ -92,6 +92,15 @@ class TranslationSpeculativeConfig(TranslationConfig, SpeculativeDecodingConfig)
             "block, all scored in one pass (0: no cut points, e.g. for generation only)"
         },
     )
+    drafter_bf16_autocast: bool = field(
+        default=False,
+        metadata={
+            "help": "drafter training: run the forward pass under torch.autocast with bfloat16 (mixed "
+            "precision: float32 weights, optimizer and loss; bfloat16 matrix products), about twice "
+            "as many updates per hour on a CPU with native bfloat16 (AVX512-BF16, AMX); validation "
+            "stays float32"
+        },
+    )
     seed: int = II("common.seed")
 
 
@@ -119,6 +128,20 @@ class TranslationSpeculativeTask(TranslationTask):
         if isinstance(model, SpecDrafterModel) and not cfg.verifier_arch:
             cfg.verifier_arch = model.cfg.verifier_arch
         return model
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """fairseq's training step, with the forward pass under bfloat16 autocast when
+        ``--drafter-bf16-autocast`` is set (the backward pass follows the forward's
+        dtypes, as autocast prescribes)."""
+        if self.cfg.drafter_bf16_autocast:
+            device = next(model.parameters()).device.type
+            plain = criterion
+
+            def criterion(model, sample):
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    return plain(model, sample)
+
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """The speculative generator when ``--drafter-path`` is given (verifier =

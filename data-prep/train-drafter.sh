@@ -30,10 +30,14 @@ Recipe (each can be overridden: options given after VERIFIER come last and win):
   --cpu when torch sees no CUDA device; otherwise fairseq uses every visible GPU
   (data-parallel; choose them with CUDA_VISIBLE_DEVICES; --update-freq N keeps the
   effective batch when using fewer GPUs). Add --fp16 on GPUs that support it.
+  --drafter-bf16-autocast on a CPU with native bfloat16 (AVX512-BF16 or AMX): the forward
+  pass under torch.autocast(bfloat16), float32 weights and optimizer; about twice the
+  updates per hour on the 2-core development machine. CMASD_DRAFTER_FP32=1 leaves it out.
 Validation logs acc@1..acc@5, acc@25 and exp_accept (mean tokens accepted per block
 under exact matching).
 
-Environment: CMASD_PYTHON (python with fairseq and torch; default .venv/bin/python).
+Environment: CMASD_PYTHON (python with fairseq and torch; default .venv/bin/python);
+CMASD_DRAFTER_FP32=1 (train in float32 on a CPU with native bfloat16).
 EOF
 }
 
@@ -69,6 +73,12 @@ if (( WIDTH <= 256 )); then ARCH=spec_drafter_compact; else ARCH=spec_drafter_ba
 
 DEVICE=()
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=(--cpu)
+# mixed precision on a CPU with native bfloat16 (about twice the updates per hour)
+if [[ -n "${DEVICE[*]-}" && "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
+  "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
+  DEVICE+=(--drafter-bf16-autocast)
+  log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
+fi
 
 fairseq_tool train
 log "drafter for $VERIFIER (width $WIDTH, $ARCH) on $DATA${DEVICE:+ (CPU)}"
