@@ -8,20 +8,28 @@ module runs the *modules* of a fairseq ``TransformerDecoderLayer`` (their weight
 layer norms, activation) with keys/values and a boolean mask supplied by the caller;
 fairseq itself is never patched.
 
-The arithmetic follows fairseq's ``MultiheadAttention`` incremental path (scale the
-query, ``q @ k^T``, float softmax, ``@ v``) so that block scores equal step-by-step
-incremental scores to float tolerance.
+Two paths, one arithmetic. ``decoder_layer`` and its helpers run the fairseq modules
+themselves, with dropout and autograd: the drafter trains through them. ``DecodingLayer``
+and ``DecodingDecoder`` run copies of the same weights prepared once for decoding (the
+query, key and value projections fused into one, chosen kernels, an additive mask, no
+dropout): the verifier's block scorer and the drafter's drafting use them. Both follow
+fairseq's ``MultiheadAttention`` incremental path (scale the query, ``q @ k^T``, float
+softmax, ``@ v``) so that block scores equal step-by-step incremental scores to float
+tolerance.
 
 Layout: batch first, ``(B, T, C)`` for activations and ``(B, H, T, d)`` for heads.
-Masks are boolean, ``True`` where a query may attend to a key, shaped
-``(B, 1, T_query, T_key)``.
+Boolean masks are ``True`` where a query may attend to a key, shaped
+``(B, 1, T_query, T_key)``; additive masks hold 0 there and -inf elsewhere.
 """
 
+import math
 from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from cmasd.kernels import linear_of, prepared_linear
 
 # Called once per layer with that layer's new keys/values (B, H, T_new, d);
 # returns every key/value the new queries may see and the visibility mask.
@@ -177,18 +185,6 @@ def embed_vectors(decoder, vectors: Tensor, positions: Tensor) -> Tensor:
     return x
 
 
-def run_layers(
-    decoder,
-    x: Tensor,
-    self_keys: SelfKeys,
-    cross: List[Tuple[Tensor, Tensor]],
-    cross_mask: Optional[Tensor],
-) -> Tensor:
-    """All decoder layers, the final layer norm and the output projection:
-    x (B, T, C) -> logits (B, T, V)."""
-    return output_logits(decoder, decoder_states(decoder, x, self_keys, cross, cross_mask))
-
-
 def decoder_states(
     decoder,
     x: Tensor,
@@ -210,3 +206,181 @@ def output_logits(decoder, x: Tensor) -> Tensor:
     if decoder.project_out_dim is not None:
         x = decoder.project_out_dim(x)
     return decoder.output_layer(x)  # (B, T, V)
+
+
+# --------------------------------------------------------------------------- decoding
+
+# Called once per layer with that layer's new keys and values stacked (B, 2H, T_new, d);
+# returns every key and every value the new queries may see, each (B, H, T_key, d).
+DecodingKeys = Callable[[int, Tensor], Tuple[Tensor, Tensor]]
+
+
+def exact_power_of_two(scale: float) -> bool:
+    """Whether multiplying by ``scale`` only shifts the exponent (so folding it into a
+    weight matrix and its bias changes no rounding)."""
+    return scale > 0 and math.frexp(scale)[0] == 0.5
+
+
+def additive_mask(visible: Tensor, like: Tensor) -> Tensor:
+    """0 where ``visible`` (bool) is True, -inf elsewhere, in ``like``'s dtype: added to
+    attention scores it masks as ``masked_fill(~visible, -inf)`` does."""
+    return torch.zeros(visible.shape, dtype=like.dtype, device=like.device).masked_fill_(~visible, float("-inf"))
+
+
+def attend_biased(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``attend`` with an additive mask: q (B, H, Tq, d) already scaled, k, v (B, H, Tk, d),
+    bias (B, 1, Tq, Tk) of 0/-inf or None. Softmax in float32, as fairseq's."""
+    weights = torch.matmul(q, k.transpose(-1, -2))  # (B, H, Tq, Tk)
+    if bias is not None:
+        weights = weights + bias
+    if weights.dtype == torch.float32:
+        probs = torch.softmax(weights, dim=-1)  # (B, H, Tq, Tk)
+    else:
+        probs = torch.softmax(weights.float(), dim=-1).type_as(weights)
+    return torch.matmul(probs, v)  # (B, H, Tq, d)
+
+
+class DecodingLayer:
+    """One fairseq ``TransformerDecoderLayer`` prepared for decoding (inference only: no
+    dropout, no gradients; weights copied once). Its query, key and value projections
+    run as one linear layer with the query scaling folded in (exactly: only when the
+    scaling is a power of two, as for 64-dimensional heads; otherwise applied after),
+    every linear layer on ``kernels`` (``cmasd.kernels``), a ReLU fused into ``fc1``. The
+    arithmetic is ``decoder_layer``'s in eval mode, with an additive mask."""
+
+    def __init__(self, layer, kernels: str):
+        check_supported_layer(layer)
+        attn = layer.self_attn
+        self.heads, self.head_dim = attn.num_heads, attn.head_dim
+        self.normalize_before = layer.normalize_before
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.self_scaling, scale = self.fold(attn.scaling)
+        weight = torch.cat([p.weight * s for p, s in zip(projections, (scale, 1.0, 1.0))])  # (3C, C)
+        bias = torch.cat([p.bias * s for p, s in zip(projections, (scale, 1.0, 1.0))])  # (3C,)
+        self.qkv = prepared_linear(weight, bias, kernels)
+        self.self_out = linear_of(attn.out_proj, kernels)
+        self.self_norm = layer.self_attn_layer_norm
+
+        enc = layer.encoder_attn
+        self.has_cross = enc is not None
+        if self.has_cross:
+            self.cross_scaling, scale = self.fold(enc.scaling)
+            self.cross_q = prepared_linear(enc.q_proj.weight * scale, enc.q_proj.bias * scale, kernels)
+            self.cross_k = linear_of(enc.k_proj, kernels)
+            self.cross_v = linear_of(enc.v_proj, kernels)
+            self.cross_out = linear_of(enc.out_proj, kernels)
+            self.cross_norm = layer.encoder_attn_layer_norm
+
+        relu = layer.activation_fn is F.relu
+        self.fc1 = linear_of(layer.fc1, kernels, relu=relu)
+        self.activation = None if relu else layer.activation_fn
+        self.fc2 = linear_of(layer.fc2, kernels)
+        self.final_norm = layer.final_layer_norm
+
+    @staticmethod
+    def fold(scaling: float) -> Tuple[Optional[float], float]:
+        """(scaling still to apply or None, factor folded into the weights)."""
+        return (None, scaling) if exact_power_of_two(scaling) else (scaling, 1.0)
+
+    def cross_keys(self, encoder_states: Tensor) -> Tuple[Tensor, Tensor]:
+        """Encoder-attention keys and values (B, S, C) -> two (B, H, S, d)."""
+        return split_heads(self.cross_k(encoder_states), self.heads), split_heads(self.cross_v(encoder_states), self.heads)
+
+    def __call__(
+        self,
+        index: int,
+        x: Tensor,
+        self_keys: DecodingKeys,
+        self_bias: Optional[Tensor],
+        cross: Optional[Tuple[Tensor, Tensor]],
+        cross_bias: Optional[Tensor],
+    ) -> Tensor:
+        """x (B, T, C) -> (B, T, C). ``self_keys(index, kv_new)`` stores the new keys and
+        values and returns those the queries see; ``self_bias`` (B, 1, T, Tk) and
+        ``cross_bias`` (B, 1, 1, S) are additive masks (None: everything visible)."""
+        bsz, length, dim = x.shape
+        heads = self.heads
+        residual = x
+        if self.normalize_before:
+            x = self.self_norm(x)
+        qkv = self.qkv(x).view(bsz, length, 3 * heads, self.head_dim).transpose(1, 2)  # (B, 3H, T, d)
+        q = qkv[:, :heads]  # (B, H, T, d)
+        if self.self_scaling is not None:
+            q = q * self.self_scaling
+        keys, values = self_keys(index, qkv[:, heads:])  # (B, H, Tk, d) each
+        x = residual + self.self_out(merge_heads(attend_biased(q, keys, values, self_bias)))  # (B, T, C)
+        if not self.normalize_before:
+            x = self.self_norm(x)
+
+        if self.has_cross and cross is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.cross_norm(x)
+            q = split_heads(self.cross_q(x), heads)  # (B, H, T, d)
+            if self.cross_scaling is not None:
+                q = q * self.cross_scaling
+            x = residual + self.cross_out(merge_heads(attend_biased(q, cross[0], cross[1], cross_bias)))
+            if not self.normalize_before:
+                x = self.cross_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_norm(x)
+        x = self.fc1(x)  # (B, T, F), ReLU included
+        if self.activation is not None:
+            x = self.activation(x)
+        x = residual + self.fc2(x)  # (B, T, C)
+        if not self.normalize_before:
+            x = self.final_norm(x)
+        return x
+
+
+class DecodingDecoder:
+    """A fairseq Transformer decoder prepared for decoding: its embeddings as they are,
+    its layers as ``DecodingLayer``s, its output projection on ``kernels``. Built once per
+    generator; the fairseq decoder is not modified (it keeps training and serving
+    fairseq's own generators with its own weights)."""
+
+    def __init__(self, decoder, kernels: str):
+        if getattr(decoder, "adaptive_softmax", None) is not None:
+            raise ValueError("cmasd cannot decode with an adaptive-softmax decoder")
+        self.decoder = decoder
+        self.kernels = kernels
+        self.layers = [DecodingLayer(layer, kernels) for layer in decoder.layers]
+        self.layer_norm = decoder.layer_norm
+        self.project_out = None if decoder.project_out_dim is None else linear_of(decoder.project_out_dim, kernels)
+        self.output = linear_of(decoder.output_projection, kernels)
+        self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C)."""
+        return embed(self.decoder, tokens, positions)
+
+    def cross_keys(self, encoder_states: Tensor, visible: Tensor) -> Tuple[List[Tuple[Tensor, Tensor]], Optional[Tensor]]:
+        """Every layer's encoder keys/values for encoder states (B, S, C) whose source
+        tokens are ``visible`` (B, S) bool, and the additive cross mask (B, 1, 1, S), None
+        when no source token is padding."""
+        keys = [layer.cross_keys(encoder_states) for layer in self.layers]
+        bias = None if bool(visible.all()) else additive_mask(visible[:, None, None, :], encoder_states)
+        return keys, bias
+
+    def states(
+        self,
+        x: Tensor,
+        self_keys: DecodingKeys,
+        self_bias: Optional[Tensor],
+        cross: List[Tuple[Tensor, Tensor]],
+        cross_bias: Optional[Tensor],
+    ) -> Tensor:
+        """All layers: (B, T, C) -> (B, T, C)."""
+        for index, layer in enumerate(self.layers):
+            x = layer(index, x, self_keys, self_bias, cross[index], cross_bias)
+        return x
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        return self.output(x)

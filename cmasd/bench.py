@@ -122,7 +122,11 @@ CONFIGS: Dict[str, BenchConfig] = {
         BenchConfig(BEAM5, "fairseq SequenceGenerator, beam 5", beam=5),
         BenchConfig(GREEDY, "fairseq SequenceGenerator, beam 1 (greedy)", beam=1),
         speculative("loop-greedy", "cmasd's loop with nothing drafted (--spec-k 0): the verifier alone, "
-                    "greedy; what the loop saves over fairseq's, without the drafter", {"spec_k": 0}, EXACT),
+                    "greedy; what the loop and its kernels save over fairseq's, without the drafter",
+                    {"spec_k": 0}, EXACT),
+        speculative("loop-greedy-native", "loop-greedy on torch's default linear kernels (--spec-kernels "
+                    "native, as fairseq runs them): what the loop alone saves", {"spec_k": 0, "spec_kernels": "native"},
+                    EXACT),
         speculative("specdec-k10", "SpecDec: fixed k=10, top-beta + fixed tau", FIXED_K10, FIXED_TAU),
         speculative("specdec-k25", "SpecDec: fixed k=25, top-beta + fixed tau", FIXED_K10, {"spec_k": 25}, FIXED_TAU),
         speculative("specdec-k10-exact", "fixed k=10, exact acceptance (lossless)", FIXED_K10, EXACT),
@@ -153,7 +157,7 @@ CONFIGS: Dict[str, BenchConfig] = {
     ]
 }
 DEFAULT_CONFIGS = (
-    "beam5,greedy,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
+    "beam5,greedy,loop-greedy-native,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
     "cmasd,cmasd-k4,cmasd-k8"
 )
 

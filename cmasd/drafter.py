@@ -47,6 +47,8 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from cmasd.attention import (
+    DecodingDecoder,
+    additive_mask,
     check_supported_layer,
     cross_keys,
     decoder_states,
@@ -55,7 +57,7 @@ from cmasd.attention import (
     output_logits,
 )
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
-from cmasd.kv_cache import widened
+from cmasd.kv_cache import encoder_states, widened
 
 DECODER_INIT_CHOICES = ChoiceEnum(["verifier", "random"])
 
@@ -156,55 +158,40 @@ def load_verifier(path: str, task):
 class DrafterState:
     """The drafter's decoding record for a batch of ragged rows.
 
-    ``keys``/``values`` hold, per decoder layer, the self-attention keys/values of the
-    prefix tokens already fed: ``(B, H, capacity + 1, d)``; the last column is a scratch
-    slot that absorbs the writes of padding entries and is never attended to. ``cached``
-    (B,) counts the prefix tokens of each row in the cache. ``draft`` writes new prefix
-    keys/values in place at indices >= ``cached`` only (the cache is append-only), and
-    returns a record with the new counts. ``grow`` makes room for longer prefixes.
+    ``kv`` holds, per decoder layer, the self-attention keys and values of the prefix
+    tokens already fed, stacked: ``(B, 2H, capacity + 1, d)`` (H key heads, then H value
+    heads); the last column is a scratch slot that absorbs the writes of padding entries
+    and is never attended to. ``cached`` (B,) counts the prefix tokens of each row in the
+    cache. ``Drafting.draft`` writes new prefix keys/values in place at indices >=
+    ``cached`` only (the cache is append-only), and returns a record with the new counts.
+    ``grow`` makes room for longer prefixes.
     """
 
-    keys: Tuple[Tensor, ...]  # per layer (B, H, capacity + 1, d)
-    values: Tuple[Tensor, ...]  # per layer (B, H, capacity + 1, d)
+    kv: Tuple[Tensor, ...]  # per layer (B, 2H, capacity + 1, d)
     cached: Tensor  # (B,)
     cross: Tuple[Tuple[Tensor, Tensor], ...]  # per layer encoder keys/values (B, H, S, d)
-    cross_mask: Tensor  # (B, 1, 1, S) bool, True = real source token
+    cross_bias: Optional[Tensor]  # (B, 1, 1, S) 0 / -inf for padded source tokens; None: no padding
 
     @property
     def capacity(self) -> int:
         """Most prefix tokens (BOS included) a row may hold."""
-        return self.keys[0].size(2) - 1
+        return self.kv[0].size(2) - 1
 
     def grow(self, capacity: int) -> "DrafterState":
         """The same cache with room for ``capacity`` prefix tokens (no-op if it has them)."""
         if capacity <= self.capacity:
             return self
         size = capacity + 1  # the scratch slot stays last; the old one held nothing to keep
-        return dataclasses.replace(
-            self,
-            keys=tuple(widened(k[:, :, : self.capacity], size) for k in self.keys),
-            values=tuple(widened(v[:, :, : self.capacity], size) for v in self.values),
-        )
+        return dataclasses.replace(self, kv=tuple(widened(kv[:, :, : self.capacity], size) for kv in self.kv))
 
     def select(self, rows: Tensor) -> "DrafterState":
         """Keep the rows ``rows`` (LongTensor of indices), e.g. to drop finished ones."""
         return DrafterState(
-            keys=tuple(k.index_select(0, rows) for k in self.keys),
-            values=tuple(v.index_select(0, rows) for v in self.values),
+            kv=tuple(kv.index_select(0, rows) for kv in self.kv),
             cached=self.cached.index_select(0, rows),
             cross=tuple((k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross),
-            cross_mask=self.cross_mask.index_select(0, rows),
+            cross_bias=None if self.cross_bias is None else self.cross_bias.index_select(0, rows),
         )
-
-
-def encoder_states(encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Tensor]:
-    """fairseq encoder output -> states (B, S, C) and the cross mask (B, 1, 1, S)."""
-    states = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
-    if encoder_out["encoder_padding_mask"]:
-        visible = ~encoder_out["encoder_padding_mask"][0]  # (B, S)
-    else:
-        visible = torch.ones(states.shape[:2], dtype=torch.bool, device=states.device)
-    return states, visible[:, None, None, :]
 
 
 class SpecDrafterDecoder(TransformerDecoderBase):
@@ -239,8 +226,8 @@ class SpecDrafterDecoder(TransformerDecoderBase):
         return embed_vectors(self, vectors, positions)  # (B, N, C)
 
     def cross_attention(self, encoder_out) -> Tuple[List[Tuple[Tensor, Tensor]], Tensor]:
-        states, cross_mask = encoder_states(encoder_out)  # (B, S, C), (B, 1, 1, S)
-        return [cross_keys(layer, states) for layer in self.layers], cross_mask
+        states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
+        return [cross_keys(layer, states) for layer in self.layers], real[:, None, None, :]
 
     def forward(
         self,
@@ -301,104 +288,6 @@ class SpecDrafterDecoder(TransformerDecoderBase):
         """Final layer norm and output projection: (..., C) -> logits (..., V)."""
         return output_logits(self, states)
 
-    @torch.no_grad()
-    def start(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> DrafterState:
-        """An empty cache for rows of at most ``max_len`` prefix tokens (BOS included),
-        with the encoder keys/values of every layer computed once."""
-        cross, cross_mask = self.cross_attention(encoder_out)
-        bsz = cross_mask.size(0)
-        like = cross[0][0]  # (B, H, S, d): dtype and device
-        shapes = [(bsz, layer.self_attn.num_heads, max_len + 1, layer.self_attn.head_dim) for layer in self.layers]
-        return DrafterState(
-            keys=tuple(like.new_zeros(shape) for shape in shapes),
-            values=tuple(like.new_zeros(shape) for shape in shapes),
-            cached=torch.zeros(bsz, dtype=torch.long, device=like.device),
-            cross=tuple(cross),
-            cross_mask=cross_mask,
-        )
-
-    @torch.no_grad()
-    def draft(
-        self,
-        state: DrafterState,
-        tokens: Tensor,
-        lengths: Tensor,
-        slots: Optional[int] = None,
-        block: Optional[int] = None,
-    ) -> Tuple[Tensor, DrafterState]:
-        """Draft the k_max tokens after each row's accepted prefix.
-
-        tokens (B, T): accepted sequences, BOS (eos) first, right-padded; lengths (B,):
-        valid tokens per row, BOS included. Feeds the tokens not yet cached (indices
-        ``cached .. lengths-1``, ragged, padded to the longest) and the k_max slots;
-        returns logits (B, slots, V) for indices ``lengths .. lengths + slots - 1``
-        (``slots`` <= k_max, default k_max: every slot runs through the layers, but
-        only the first ``slots`` are projected to the vocabulary, the costly part) and
-        the state with ``cached = lengths``. ``block`` (``slots`` <= block <= k_max,
-        default k_max) runs fewer slots through the layers: cheaper, but the slots then
-        see a shorter block than in training.
-        """
-        bsz, width = tokens.shape
-        block = self.block_size if block is None else block
-        slots = block if slots is None else slots
-        if not 1 <= slots <= block <= self.block_size:
-            raise ValueError(f"need 1 <= slots ({slots}) <= block ({block}) <= k_max ({self.block_size})")
-        capacity = state.capacity
-        device = tokens.device
-        grown = lengths - state.cached  # (B,)
-        most_new, least_new, longest = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
-        if least_new < 0:
-            raise ValueError("drafter cache is append-only: a row's length fell below its cached count")
-        if longest > capacity:
-            raise ValueError(
-                f"prefix of {longest} tokens exceeds the drafter cache capacity {capacity} (see start() and grow())"
-            )
-
-        offsets = torch.arange(most_new, device=device)  # (N,)
-        index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
-        fresh = offsets[None, :] < grown[:, None]  # (B, N) real new tokens
-        new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(~fresh, self.padding_idx)
-        slot_index = lengths[:, None] + torch.arange(block, device=device)  # (B, K)
-        x = torch.cat(
-            [
-                embed(self, new_tokens, self.positions(index)),  # (B, N, C)
-                self.slot_inputs(self.positions(slot_index)),  # (B, K, C)
-            ],
-            dim=1,
-        )  # (B, N + K, C)
-
-        seen = torch.arange(longest, device=device)  # (Tc,) cache indices that may be visible
-        top = torch.cat(
-            [
-                seen[None, None, :] <= index[:, :, None],  # (B, N, Tc): causal over the prefix
-                fresh.new_zeros(bsz, most_new, block),  # (B, N, K): prefix never sees slots
-            ],
-            dim=2,
-        )
-        bottom = torch.cat(
-            [
-                (seen[None, :] < lengths[:, None])[:, None, :].expand(bsz, block, longest),  # (B, K, Tc)
-                fresh.new_ones(bsz, block, block),  # (B, K, K): slots see every slot
-            ],
-            dim=2,
-        )
-        mask = torch.cat([top, bottom], dim=1)[:, None]  # (B, 1, N + K, Tc + K)
-        write_at = torch.where(fresh, index, torch.full_like(index, capacity))  # (B, N); pad -> scratch
-
-        def self_keys(layer: int, k_new: Tensor, v_new: Tensor):
-            # k_new, v_new: (B, H, N + K, d); prefix part appended to the cache
-            heads, dim = k_new.size(1), k_new.size(3)
-            where = write_at[:, None, :, None].expand(bsz, heads, most_new, dim)  # (B, H, N, d)
-            state.keys[layer].scatter_(2, where, k_new[:, :, :most_new])
-            state.values[layer].scatter_(2, where, v_new[:, :, :most_new])
-            keys = torch.cat([state.keys[layer][:, :, :longest], k_new[:, :, most_new:]], dim=2)  # (B, H, Tc + K, d)
-            values = torch.cat([state.values[layer][:, :, :longest], v_new[:, :, most_new:]], dim=2)
-            return keys, values, mask
-
-        states = decoder_states(self, x, self_keys, list(state.cross), state.cross_mask)  # (B, N + K, C)
-        logits = output_logits(self, states[:, most_new : most_new + slots])  # (B, slots, V)
-        return logits, dataclasses.replace(state, cached=lengths.clone())
-
 
 class SpecDrafterModel(FairseqEncoderDecoderModel):
     """Spec-Drafter (SpecDec; CM-ASD Sec. III-A step (1), Sec. IV-A): the verifier's
@@ -407,10 +296,11 @@ class SpecDrafterModel(FairseqEncoderDecoderModel):
     Registered in ``fairseq_plugins/models.py`` as ``spec_drafter``. Decoding API
     (batch first, ragged rows; the generator never rolls the drafter back)::
 
-        state = model.start(encoder_out, max_len)     # verifier's encoder output, or model.encode(...)
-        logits, state = model.draft(state, tokens, lengths)   # (B, k_max, V)
+        drafting = model.drafting("packed")            # weights prepared once (native, packed, int8)
+        state = drafting.start(encoder_out, max_len)   # verifier's encoder output, or model.encode(...)
+        logits, state = drafting.draft(state, tokens, lengths)   # (B, k_max, V)
         state = state.select(rows)
-        state = state.grow(capacity)                  # room for longer prefixes
+        state = state.grow(capacity)                   # room for longer prefixes
     """
 
     def __init__(self, cfg: SpecDrafterConfig, encoder, decoder: SpecDrafterDecoder):
@@ -531,22 +421,10 @@ class SpecDrafterModel(FairseqEncoderDecoderModel):
         verifier's encoder output."""
         return self.cfg.train_encoder
 
-    def start(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> DrafterState:
-        """Empty cache for rows of at most ``max_len`` prefix tokens (BOS included).
-        ``encoder_out``: the verifier's encoder output (frozen encoder), else ``encode``'s."""
-        return self.decoder.start(encoder_out, max_len)
-
-    def draft(
-        self,
-        state: DrafterState,
-        tokens: Tensor,
-        lengths: Tensor,
-        slots: Optional[int] = None,
-        block: Optional[int] = None,
-    ) -> Tuple[Tensor, DrafterState]:
-        """Logits (B, slots, V) for indices ``lengths .. lengths + slots - 1`` (default:
-        all k_max slots), ``block`` slots run; see ``SpecDrafterDecoder.draft``."""
-        return self.decoder.draft(state, tokens, lengths, slots, block)
+    def drafting(self, kernels: str = "native") -> "Drafting":
+        """The drafter prepared for decoding on ``kernels`` (native, packed or int8;
+        ``cmasd.kernels``): a snapshot of the current weights, inference only."""
+        return Drafting(self, kernels)
 
     def check_dictionary(self, dictionary) -> None:
         """Refuse a verifier dictionary other than the one the drafter was trained on."""
@@ -559,3 +437,120 @@ class SpecDrafterModel(FairseqEncoderDecoderModel):
                 f"verifier's ({len(dictionary)} symbols, digest {theirs.hex()[:16]}): train the "
                 "drafter on data binarized with the verifier's dictionary"
             )
+
+
+class Drafting:
+    """A Spec-Drafter prepared for decoding: its decoder's weights as a
+    ``DecodingDecoder`` on ``kernels`` (native, packed or int8), the learned mask vector
+    and the embeddings as they are. ``start`` makes a batch's cache, ``draft`` drafts
+    the k_max tokens after each row's accepted prefix."""
+
+    def __init__(self, model: SpecDrafterModel, kernels: str = "native"):
+        self.model = model
+        self.embedding = model.decoder  # embeddings, positions and the mask vector
+        self.decoder = DecodingDecoder(model.decoder, kernels)
+        self.block_size = model.block_size
+        self.padding_idx = model.decoder.padding_idx
+        self.uses_own_encoder = model.uses_own_encoder
+
+    def encode(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
+        """The drafter's own encoder output (``uses_own_encoder``)."""
+        return self.model.encode(src_tokens, src_lengths)
+
+    @torch.no_grad()
+    def start(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> DrafterState:
+        """An empty cache for rows of at most ``max_len`` prefix tokens (BOS included),
+        with the encoder keys/values of every layer computed once. ``encoder_out``: the
+        verifier's encoder output (frozen encoder), else ``encode``'s."""
+        states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
+        cross, cross_bias = self.decoder.cross_keys(states, real)
+        dec = self.decoder
+        shape = (states.size(0), 2 * dec.heads, max_len + 1, dec.head_dim)
+        return DrafterState(
+            kv=tuple(states.new_zeros(shape) for _ in dec.layers),
+            cached=torch.zeros(states.size(0), dtype=torch.long, device=states.device),
+            cross=tuple(cross),
+            cross_bias=cross_bias,
+        )
+
+    @torch.no_grad()
+    def draft(
+        self,
+        state: DrafterState,
+        tokens: Tensor,
+        lengths: Tensor,
+        slots: Optional[int] = None,
+        block: Optional[int] = None,
+    ) -> Tuple[Tensor, DrafterState]:
+        """Draft the k_max tokens after each row's accepted prefix.
+
+        tokens (B, T): accepted sequences, BOS (eos) first, right-padded; lengths (B,):
+        valid tokens per row, BOS included. Feeds the tokens not yet cached (indices
+        ``cached .. lengths-1``, ragged, padded to the longest) and the k_max slots;
+        returns logits (B, slots, V) for indices ``lengths .. lengths + slots - 1``
+        (``slots`` <= k_max, default k_max: every slot runs through the layers, but
+        only the first ``slots`` are projected to the vocabulary, the costly part) and
+        the state with ``cached = lengths``. ``block`` (``slots`` <= block <= k_max,
+        default k_max) runs fewer slots through the layers: cheaper, but the slots then
+        see a shorter block than in training.
+        """
+        bsz, width = tokens.shape
+        block = self.block_size if block is None else block
+        slots = block if slots is None else slots
+        if not 1 <= slots <= block <= self.block_size:
+            raise ValueError(f"need 1 <= slots ({slots}) <= block ({block}) <= k_max ({self.block_size})")
+        capacity = state.capacity
+        device = tokens.device
+        grown = lengths - state.cached  # (B,)
+        most_new, least_new, longest = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
+        if least_new < 0:
+            raise ValueError("drafter cache is append-only: a row's length fell below its cached count")
+        if longest > capacity:
+            raise ValueError(
+                f"prefix of {longest} tokens exceeds the drafter cache capacity {capacity} (see start() and grow())"
+            )
+
+        offsets = torch.arange(most_new, device=device)  # (N,)
+        index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
+        fresh = offsets[None, :] < grown[:, None]  # (B, N) real new tokens
+        new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(~fresh, self.padding_idx)
+        slot_index = lengths[:, None] + torch.arange(block, device=device)  # (B, K)
+        embedding = self.embedding
+        x = torch.cat(
+            [
+                self.decoder.embed(new_tokens, embedding.positions(index)),  # (B, N, C)
+                embedding.slot_inputs(embedding.positions(slot_index)),  # (B, K, C)
+            ],
+            dim=1,
+        )  # (B, N + K, C)
+
+        seen = torch.arange(longest, device=device)  # (Tc,) cache indices that may be visible
+        top = torch.cat(
+            [
+                seen[None, None, :] <= index[:, :, None],  # (B, N, Tc): causal over the prefix
+                fresh.new_zeros(bsz, most_new, block),  # (B, N, K): prefix never sees slots
+            ],
+            dim=2,
+        )
+        bottom = torch.cat(
+            [
+                (seen[None, :] < lengths[:, None])[:, None, :].expand(bsz, block, longest),  # (B, K, Tc)
+                fresh.new_ones(bsz, block, block),  # (B, K, K): slots see every slot
+            ],
+            dim=2,
+        )
+        bias = additive_mask(torch.cat([top, bottom], dim=1)[:, None], x)  # (B, 1, N + K, Tc + K)
+        write_at = torch.where(fresh, index, torch.full_like(index, capacity))  # (B, N); pad -> scratch
+        heads, dim = self.decoder.heads, self.decoder.head_dim
+        where = write_at[:, None, :, None].expand(bsz, 2 * heads, most_new, dim)  # (B, 2H, N, d)
+
+        def self_keys(layer: int, kv_new: Tensor):
+            # kv_new: (B, 2H, N + K, d); the prefix part is appended to the cache
+            cache = state.kv[layer]  # (B, 2H, capacity + 1, d)
+            cache.scatter_(2, where, kv_new[:, :, :most_new])
+            kv = torch.cat([cache[:, :, :longest], kv_new[:, :, most_new:]], dim=2)  # (B, 2H, Tc + K, d)
+            return kv[:, :heads], kv[:, heads:]
+
+        states = self.decoder.states(x, self_keys, bias, list(state.cross), state.cross_bias)  # (B, N + K, C)
+        logits = self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V)
+        return logits, dataclasses.replace(state, cached=lengths.clone())

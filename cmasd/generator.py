@@ -38,9 +38,12 @@ class DecodeState:
     steps: Tensor  # (B,) iterations per row
     verifier: VerifierCache
     drafter: Any  # the drafter's own cache record (``select(rows)``)
+    shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``bounded``
+    longest: int = 1
 
     def select(self, keep: Tensor) -> "DecodeState":
-        return DecodeState(
+        return replace(
+            self,
             rows=self.rows[keep],
             tokens=self.tokens[keep],
             scores=self.scores[keep],
@@ -49,6 +52,13 @@ class DecodeState:
             verifier=self.verifier.select(keep),
             drafter=self.drafter.select(keep),
         )
+
+    def bounded(self) -> "DecodeState":
+        """The state with ``shortest`` and ``longest`` read from ``lengths`` (one host
+        transfer): the loop decides on the host which of fairseq's length rules can
+        apply to the next block."""
+        shortest, longest = torch.stack([self.lengths.min(), self.lengths.max()]).tolist()
+        return replace(self, shortest=shortest, longest=longest)
 
 
 @dataclass(frozen=True)
@@ -87,11 +97,12 @@ class SpeculativeGenerator:
     """
 
     def __init__(
-        self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules, draft_block=None
+        self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules, draft_block=None,
+        kernels: str = "native",
     ):
         self.model = model
-        self.drafter = drafter
-        self.scorer = BlockScorer(model.decoder)
+        self.drafter = drafter  # a Spec-Drafter prepared for decoding (``SpecDrafterModel.drafting``)
+        self.scorer = BlockScorer(model.decoder, kernels)
         self.controller = controller
         self.acceptance = acceptance
         self.confidence = confidence
@@ -134,7 +145,7 @@ class SpeculativeGenerator:
             finished[int(state.rows[row])] = [self.hypothesis(state, row)]
         if done.any():
             state = state.select((~done).nonzero().flatten())
-        return self.reserve(state) if state.rows.numel() else state
+        return self.reserve(state.bounded()) if state.rows.numel() else state
 
     @staticmethod
     def warn_empty_sources(sample: Dict[str, Any]) -> None:
@@ -171,7 +182,7 @@ class SpeculativeGenerator:
         """Room in both caches for one more iteration of the longest row: its prefix
         and a full block. Grows them by doubling, up to the tokens' capacity. (The
         caches ``start`` makes have room for the first iteration.)"""
-        needed = int(state.lengths.max()) + self.block + 1
+        needed = state.longest + self.block + 1
         if needed <= state.verifier.capacity:
             return state
         capacity = min(max(needed, 2 * state.verifier.capacity), state.tokens.size(1))
@@ -229,16 +240,20 @@ class SpeculativeGenerator:
         logits = self.scorer.score(state.verifier, block, state.lengths - 1)  # (B, width + 1, V)
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)
 
-        lprobs = lprobs.masked_fill(lprobs != lprobs, -math.inf)
+        # fairseq's rules, each applied only where the host-side bounds of the lengths
+        # say it can change something (the others would be no-ops)
+        lprobs = torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
         lprobs[:, :, self.pad] = -math.inf
-        lprobs[:, :, self.unk] -= self.rules.unk_penalty
-        # fairseq's step index of the token each position predicts
-        step = (state.lengths - 1)[:, None] + offsets[None, :]  # (B, width + 1)
-        forced_eos = step >= max_len
-        eos_scores = lprobs[:, :, self.eos].clone()
-        lprobs = lprobs.masked_fill(forced_eos[..., None], -math.inf)
-        lprobs[:, :, self.eos] = torch.where(forced_eos, eos_scores, lprobs[:, :, self.eos])
-        lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(step < self.rules.min_len, -math.inf)
+        if self.rules.unk_penalty:
+            lprobs[:, :, self.unk] -= self.rules.unk_penalty
+        # fairseq's step index of the token each position predicts: lengths - 1 + offset
+        if state.longest - 1 + width >= max_len or state.shortest - 1 < self.rules.min_len:
+            step = (state.lengths - 1)[:, None] + offsets[None, :]  # (B, width + 1)
+            forced_eos = step >= max_len
+            eos_scores = lprobs[:, :, self.eos].clone()
+            lprobs = lprobs.masked_fill(forced_eos[..., None], -math.inf)
+            lprobs[:, :, self.eos] = torch.where(forced_eos, eos_scores, lprobs[:, :, self.eos])
+            lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(step < self.rules.min_len, -math.inf)
         return lprobs
 
     def append(self, state: DecodeState, proposal: Proposal, lprobs: Tensor, accepted: Tensor, next_token: Tensor):

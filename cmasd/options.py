@@ -8,11 +8,9 @@ together with fairseq's own generation options and assembles the parts.
 
 import atexit
 import logging
-import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import torch
 from fairseq import checkpoint_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
@@ -21,6 +19,7 @@ from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.confidence import CONFIDENCES, ConfidenceSpec
 from cmasd.controllers import CONTROLLERS
 from cmasd.generator import LengthRules, SpeculativeGenerator
+from cmasd.kernels import KERNEL_CHOICES, resolve_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +51,12 @@ class SpeculativeDecodingConfig(FairseqDataclass):
         default="none",
         metadata={"help": "int8: dynamic int8 quantization of the drafter's linear layers (CPU only): less memory "
                   "read per drafter pass; the verifier keeps full precision, so exact acceptance stays lossless"},
+    )
+    spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
+        default="auto",
+        metadata={"help": "linear-layer kernels of the verifier's decoder and the drafter while decoding: packed "
+                  "(oneDNN on weights packed once; CPU), native (torch's default, as fairseq runs them), auto "
+                  "(packed on CPU where torch has it, else native). The verifier's arithmetic stays float32"},
     )
     spec_acceptance: ChoiceEnum(list(ACCEPTANCE_RULES)) = field(
         default="exact",
@@ -141,7 +146,7 @@ def load_drafter(path: str, task, like=None):
     allow_fairseq_checkpoints()
     models, _ = checkpoint_utils.load_model_ensemble([path], task=task)
     drafter = models[0]
-    if not hasattr(drafter, "draft"):
+    if not hasattr(drafter, "drafting"):
         raise ValueError(
             f"--drafter-path {path}: not a Spec-Drafter checkpoint (it holds a {type(drafter).__name__})"
         )
@@ -150,28 +155,14 @@ def load_drafter(path: str, task, like=None):
     return drafter.eval()
 
 
-def quantized_drafter(drafter):
-    """A copy of ``drafter`` whose ``nn.Linear`` layers (attention projections, FFN,
-    output projection) compute with int8 weights and dynamically quantized inputs
-    (``torch.ao.quantization.quantize_dynamic``, which torch has deprecated in favour
-    of torchao but still ships)."""
-    if next(drafter.parameters()).device.type != "cpu":
-        raise ValueError("--spec-drafter-quantize int8: dynamic int8 quantization runs on CPU only (drop --cuda or the option)")
-    with warnings.catch_warnings():
-        # torch 2.1x deprecates its quantized tensors in favour of torchao; they still
-        # work, and the warning would only repeat this docstring's caveat on every run
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
-        return torch.ao.quantization.quantize_dynamic(drafter, {torch.nn.Linear}, dtype=torch.qint8)
-
-
 def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: SpeculativeDecodingConfig, log_stats=True):
     """A ``SpeculativeGenerator`` for ``models[0]`` (the verifier) and ``drafter``."""
     if len(models) != 1:
         raise ValueError(f"speculative generation verifies with one model, got an ensemble of {len(models)}")
     refuse_unsupported(gen_cfg)
     drafter.check_dictionary(tgt_dict)
-    if cfg.spec_drafter_quantize == "int8":
-        drafter = quantized_drafter(drafter)
+    verifier = models[0]
+    kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
     controller, acceptance, confidence = build_parts(cfg, drafter.block_size)
     draft_block = drafter.block_size if cfg.spec_draft_block is None else cfg.spec_draft_block
     if not max(controller.horizon, 1) <= draft_block <= drafter.block_size:
@@ -183,13 +174,14 @@ def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: Specula
         max_len_a=gen_cfg.max_len_a,
         max_len_b=gen_cfg.max_len_b,
         min_len=gen_cfg.min_len,
-        max_positions=min(models[0].max_decoder_positions(), drafter.max_decoder_positions()),
+        max_positions=min(verifier.max_decoder_positions(), drafter.max_decoder_positions()),
         unk_penalty=gen_cfg.unkpen,
         len_penalty=gen_cfg.lenpen,
         normalize_scores=not gen_cfg.unnormalized,
     )
+    drafting = drafter.drafting("int8" if cfg.spec_drafter_quantize == "int8" else kernels)
     generator = SpeculativeGenerator(
-        models[0], drafter, tgt_dict, controller, acceptance, confidence, rules, draft_block=draft_block
+        verifier, drafting, tgt_dict, controller, acceptance, confidence, rules, draft_block=draft_block, kernels=kernels
     )
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.

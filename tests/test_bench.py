@@ -14,7 +14,7 @@ from conftest import BIN, run
 from cmasd.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tune import pareto_front
 
-BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact", "cmasd", "cmasd-k4",
+BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy-native", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact", "cmasd", "cmasd-k4",
                  "cmasd-k8"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = [
@@ -87,15 +87,17 @@ def test_greedy_is_its_own_reference(bench_json):
         assert row["mean_accepted_tokens"] == 1.0
 
 
-@pytest.mark.parametrize("name", ["specdec-k10-exact", "specdec-k5-exact", "loop-greedy"])
+@pytest.mark.parametrize("name", ["specdec-k10-exact", "specdec-k5-exact", "loop-greedy", "loop-greedy-native"])
 def test_lossless_configuration_matches_greedy(bench_json, name):
     for row in rows_of(bench_json, name).values():
         assert row["exact_match_vs_greedy"] == 1.0
         assert row["bleu_vs_greedy"] == pytest.approx(100.0)
 
 
-def test_loop_greedy_drafts_nothing(bench_json):
-    for row in rows_of(bench_json, "loop-greedy").values():
+@pytest.mark.parametrize("name, kernels", [("loop-greedy", "auto"), ("loop-greedy-native", "native")])
+def test_loop_greedy_drafts_nothing(bench_json, name, kernels):
+    assert bench_json["configs"][name]["options"]["spec_kernels"] == kernels
+    for row in rows_of(bench_json, name).values():
         assert row["mean_k"] == 0.0
         assert row["mean_accepted_tokens"] == 1.0
         assert row["rollback_rate"] == 0.0

@@ -8,6 +8,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
+from cmasd.kernels import packing_available
 from cmasd.kv_cache import BlockScorer
 
 
@@ -39,9 +40,16 @@ def incremental_logits(model, encoder_out, tokens):
     return torch.stack(steps, dim=1)
 
 
+KERNELS = [
+    "native",
+    pytest.param("packed", marks=pytest.mark.skipif(not packing_available(), reason="no oneDNN packed linear")),
+]
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("learned_pos", [False, True])
-def test_ragged_blocks_equal_incremental_decoding(normalize_before, learned_pos):
+def test_ragged_blocks_equal_incremental_decoding(normalize_before, learned_pos, kernels):
     model, dictionary = tiny_transformer(normalize_before, learned_pos)
     pad = dictionary.pad()
     torch.manual_seed(1)
@@ -56,7 +64,7 @@ def test_ragged_blocks_equal_incremental_decoding(normalize_before, learned_pos)
     with torch.no_grad():
         encoder_out = model.encoder(src, src_lengths=src_lengths)
         expected = incremental_logits(model, encoder_out, tgt)  # (B, T, V)
-        scorer = BlockScorer(model.decoder)
+        scorer = BlockScorer(model.decoder, kernels)
         cache = scorer.start(encoder_out, capacity=tgt_len + 8)  # room for padded slots
         got = torch.zeros_like(expected)
         start = torch.zeros(bsz, dtype=torch.long)

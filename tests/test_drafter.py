@@ -155,23 +155,25 @@ def test_slot_groups_are_independent():
 
 
 def draft_from_scratch(drafter, encoder_out, tokens, lengths):
-    state = drafter.start(encoder_out, tokens.size(1) + 1)
-    return drafter.draft(state, tokens, lengths)[0]
+    drafting = drafter.drafting()
+    state = drafting.start(encoder_out, tokens.size(1) + 1)
+    return drafting.draft(state, tokens, lengths)[0]
 
 
 @pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
 def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normalize_before):
     drafter, verifier, dictionary = tiny_drafter(learned_pos, normalize_before)
+    drafting = drafter.drafting()
     gen = torch.Generator().manual_seed(3)
     bsz, capacity = 3, 16
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
     full = sequences(dictionary, gen, bsz, capacity)  # what the rows will have accepted
     lengths = torch.ones(bsz, dtype=torch.long)
-    state = drafter.start(encoder_out, capacity)
+    state = drafting.start(encoder_out, capacity)
     growth = [[3, 1, 5], [0, 2, 1], [4, 4, 0], [1, 6, 2], [2, 0, 3]]  # ragged, some rows idle
     for step in range(len(growth) + 1):
         tokens = full.masked_fill(torch.arange(capacity)[None, :] >= lengths[:, None], dictionary.pad())
-        logits, state = drafter.draft(state, tokens, lengths)  # (B, K, V)
+        logits, state = drafting.draft(state, tokens, lengths)  # (B, K, V)
         assert logits.shape == (bsz, BLOCK, len(dictionary))
         assert torch.equal(state.cached, lengths)
         fresh = draft_from_scratch(drafter, encoder_out, tokens, lengths)
@@ -186,33 +188,35 @@ def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normal
 
 def test_a_grown_cache_drafts_as_a_large_one():
     drafter, verifier, dictionary = tiny_drafter()
+    drafting = drafter.drafting()
     gen = torch.Generator().manual_seed(6)
     _, _, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     full = sequences(dictionary, gen, 2, 12)
-    state = drafter.start(encoder_out, 3)
+    state = drafting.start(encoder_out, 3)
     for lengths in ([2, 3], [6, 4], [7, 11]):
         lengths = torch.tensor(lengths)
         state = state.grow(int(lengths.max()))
-        assert state.capacity == int(lengths.max()) and state.keys[0].size(2) == state.capacity + 1
+        assert state.capacity == int(lengths.max()) and state.kv[0].size(2) == state.capacity + 1
         tokens = full.masked_fill(torch.arange(12)[None, :] >= lengths[:, None], dictionary.pad())
-        logits, state = drafter.draft(state, tokens, lengths)
+        logits, state = drafting.draft(state, tokens, lengths)
         torch.testing.assert_close(logits, draft_from_scratch(drafter, encoder_out, tokens, lengths), rtol=0, atol=1e-5)
     assert state.grow(5) is state  # never shrinks
 
 
 def test_row_selection_keeps_rows_consistent():
     drafter, verifier, dictionary = tiny_drafter()
+    drafting = drafter.drafting()
     gen = torch.Generator().manual_seed(4)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 3)
     tokens = sequences(dictionary, gen, 3, 10)
     lengths = torch.tensor([4, 2, 6])
-    state = drafter.start(encoder_out, 10)
-    _, state = drafter.draft(state, tokens, lengths)
+    state = drafting.start(encoder_out, 10)
+    _, state = drafting.draft(state, tokens, lengths)
     keep = torch.tensor([2, 0])
     state = state.select(keep)
-    assert state.cached.tolist() == [6, 4] and state.keys[0].size(0) == 2
+    assert state.cached.tolist() == [6, 4] and state.kv[0].size(0) == 2
     tokens, lengths = tokens[keep], torch.tensor([8, 5])
-    logits, _ = drafter.draft(state, tokens, lengths)
+    logits, _ = drafting.draft(state, tokens, lengths)
     fresh = draft_from_scratch(drafter, {k: [v[0].index_select(1 if k == "encoder_out" else 0, keep)]
                                          for k, v in encoder_out.items() if k in ("encoder_out", "encoder_padding_mask")},
                                tokens, lengths)
@@ -221,11 +225,12 @@ def test_row_selection_keeps_rows_consistent():
 
 def test_projecting_fewer_slots_keeps_their_logits():
     drafter, verifier, dictionary = tiny_drafter()
+    drafting = drafter.drafting()
     gen = torch.Generator().manual_seed(5)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
-    full, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths)  # (B, K, V)
-    first, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
+    full, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths)  # (B, K, V)
+    first, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
     assert first.shape == (2, 2, full.size(-1))
     torch.testing.assert_close(first, full[:, :2], rtol=0, atol=1e-6)
 
@@ -234,50 +239,92 @@ def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
     """``block=3`` runs three mask slots, as a drafter built with block 3 would (same
     weights), and changes what they see: the slots attend to each other."""
     drafter, verifier, dictionary = tiny_drafter()
+    drafting = drafter.drafting()
     gen = torch.Generator().manual_seed(6)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
-    short, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2, block=3)  # (B, 2, V)
+    short, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=2, block=3)  # (B, 2, V)
     three = copy.deepcopy(drafter)
     three.decoder.block_size = 3
+    three = three.drafting()
     expected, _ = three.draft(three.start(encoder_out, 12), tokens, lengths)  # (B, 3, V)
     torch.testing.assert_close(short, expected[:, :2], rtol=0, atol=1e-6)
-    full, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=2)
+    full, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=2)
     assert not torch.allclose(short, full, atol=1e-4)
     with pytest.raises(ValueError, match="slots"):
-        drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, slots=3, block=2)
+        drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=3, block=2)
     with pytest.raises(ValueError, match="k_max"):
-        drafter.draft(drafter.start(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
+        drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
 
 
-def test_int8_drafter_is_a_quantized_copy():
-    from cmasd.options import quantized_drafter
+@pytest.mark.parametrize("kernels", ["packed", "int8"])
+def test_drafting_on_other_kernels_drafts_as_native(kernels):
+    """Packed float32 kernels give the native logits to float tolerance; int8 weights
+    give logits close to them. The model keeps its own float32 nn.Linear layers."""
+    from cmasd.kernels import Int8Linear, PackedLinear, packing_available
 
+    if kernels == "packed" and not packing_available():
+        pytest.skip("this torch build has no oneDNN packed linear")
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(7)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
-    quantized = quantized_drafter(drafter)
-    linear = [m for m in quantized.decoder.modules() if type(m) is torch.nn.Linear]
-    assert not linear, f"{len(linear)} full-precision linear layers left"
-    assert type(drafter.decoder.layers[0].fc1) is torch.nn.Linear  # the original is untouched
-    logits, _ = quantized.draft(quantized.start(encoder_out, 12), tokens, lengths)
-    reference, _ = drafter.draft(drafter.start(encoder_out, 12), tokens, lengths)
+    other = drafter.drafting(kernels)
+    kind = {"packed": PackedLinear, "int8": Int8Linear}[kernels]
+    layer = other.decoder.layers[0]
+    assert all(type(m) is kind for m in (layer.qkv, layer.self_out, layer.fc1, layer.fc2, other.decoder.output))
+    assert type(drafter.decoder.layers[0].fc1) is torch.nn.Linear  # the model is untouched
+    logits, _ = other.draft(other.start(encoder_out, 12), tokens, lengths)
+    native = drafter.drafting()
+    reference, _ = native.draft(native.start(encoder_out, 12), tokens, lengths)
     assert logits.shape == reference.shape and torch.isfinite(logits).all()
-    torch.testing.assert_close(logits, reference, rtol=0.1, atol=0.1)
+    if kernels == "packed":
+        torch.testing.assert_close(logits, reference, rtol=0, atol=1e-5)
+    else:
+        torch.testing.assert_close(logits, reference, rtol=0.1, atol=0.1)
 
 
 def test_drafting_refuses_rollback_and_overflow():
     drafter, verifier, dictionary = tiny_drafter()
+    drafting = drafter.drafting()
     gen = torch.Generator().manual_seed(5)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens = sequences(dictionary, gen, 2, 8)
-    state = drafter.start(encoder_out, 6)
-    _, state = drafter.draft(state, tokens, torch.tensor([4, 3]))
+    state = drafting.start(encoder_out, 6)
+    _, state = drafting.draft(state, tokens, torch.tensor([4, 3]))
     with pytest.raises(ValueError, match="append-only"):
-        drafter.draft(state, tokens, torch.tensor([3, 3]))
+        drafting.draft(state, tokens, torch.tensor([3, 3]))
     with pytest.raises(ValueError, match="capacity 6"):
-        drafter.draft(state, tokens, torch.tensor([7, 3]))
+        drafting.draft(state, tokens, torch.tensor([7, 3]))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bf16_autocast_covers_the_training_forward_pass(autocast):
+    """``--drafter-bf16-autocast``: the criterion (the model's forward pass) runs under
+    bfloat16 autocast; the weights and their gradients stay float32."""
+    from cmasd.task import TranslationSpeculativeTask
+
+    class Model(torch.nn.Linear):
+        def set_num_updates(self, num_updates):
+            pass
+
+    class Optimizer:
+        def backward(self, loss):
+            loss.backward()
+
+    seen = {}
+
+    def criterion(model, sample):
+        out = model(sample)  # (2, 4)
+        seen["dtype"] = out.dtype
+        return out.float().sum(), 1, {}
+
+    task = TranslationSpeculativeTask.__new__(TranslationSpeculativeTask)  # train_step reads only cfg
+    task.cfg = types.SimpleNamespace(drafter_bf16_autocast=autocast)
+    model = Model(4, 4)
+    task.train_step(torch.randn(2, 4), model, criterion, Optimizer(), update_num=0)
+    assert seen["dtype"] == (torch.bfloat16 if autocast else torch.float32)
+    assert model.weight.dtype == model.weight.grad.dtype == torch.float32
 
 
 def test_dictionary_mismatch_is_refused_clearly():

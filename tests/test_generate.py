@@ -151,6 +151,15 @@ def test_cheaper_drafter_options_stay_lossless(probe, verifier, drafter, greedy,
     assert "quantized tensor creation" not in proc.stderr  # the deprecation note is kept out of the log
 
 
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_native_kernels_stay_lossless(probe, verifier, drafter, greedy, batch_size):
+    """``--spec-kernels native``: the linear layers on torch's default kernels, as fairseq
+    runs them (the default on a CPU is oneDNN's packed kernels; the tests above)."""
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-kernels", "native", "--spec-k", "5", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+
+
 def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
     proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", probe, verifier, untrained_drafter,
                 "--batch-sizes", "1,16", "--out", tmp_path])

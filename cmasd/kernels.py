@@ -1,0 +1,133 @@
+"""The linear-layer kernels of decoding: torch's default, oneDNN on packed weights, int8.
+
+A decoding pass at batch 1 on a CPU is dominated by its linear layers, and those by
+reading their weights (the compact verifier's decoder reads about 30 MB per pass). The
+default ``F.linear`` path (MKL's sgemm/sgemv on row-major weights) reads them at a
+fraction of the memory bandwidth on some hosts (on the AMD development host: 3.5 ms for
+the verifier's 49 linear layers at one position, 2.2 ms packed); oneDNN's linear on
+weights packed once into its blocked layout (``torch.ops.mkldnn._linear_pointwise``, the
+kernel PyTorch's own inductor uses for frozen CPU models) reads them faster. The drafter
+can also run int8 weights (PyTorch dynamic quantization).
+
+``prepared_linear`` builds one inference-only linear layer (weights copied, no
+gradients) on a chosen kernel; ``cmasd.attention.DecodingDecoder`` builds every layer
+of a decoder with it. ``native`` and ``packed`` are the same float32 arithmetic in
+other summation orders, as the block scorer's already is against fairseq's incremental
+decoder (different matrix shapes pick different kernels): scores agree to float
+tolerance, and lossless decoding is checked against ``fairseq-generate --beam 1`` token
+for token (tests, ``check-lossless.sh``).
+"""
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+# --spec-kernels (the verifier's decoder and a float32 drafter)
+KERNEL_CHOICES = ("auto", "packed", "native")
+
+
+def packing_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear (torch >= 2.0 CPU builds)."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_linear_pointwise")
+        and hasattr(mkldnn, "_reorder_linear_weight")
+    )
+
+
+def resolve_kernels(choice: str, like: Tensor) -> str:
+    """``--spec-kernels`` for a model whose parameters are like ``like``: ``packed`` or
+    ``native``. ``auto`` is packed for a float32 model on a CPU whose torch has the
+    kernel, native otherwise; ``packed`` where it cannot run is refused."""
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"--spec-kernels: unknown {choice!r}; choose from {', '.join(KERNEL_CHOICES)}")
+    if like.device.type != "cpu":
+        obstacle = f"the model is on {like.device}"
+    elif like.dtype != torch.float32:
+        obstacle = f"the model is {like.dtype}"
+    elif not packing_available():
+        obstacle = "this torch build has no oneDNN packed linear"
+    else:
+        obstacle = None
+    if choice == "auto":
+        return "native" if obstacle else "packed"
+    if choice == "packed" and obstacle:
+        raise ValueError(f"--spec-kernels packed: runs float32 models on CPU with oneDNN only, but {obstacle} (use native)")
+    return choice
+
+
+class NativeLinear(nn.Module):
+    """``F.linear`` (torch's default kernel), optionally followed by ReLU."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
+        super().__init__()
+        self.weight, self.bias, self.relu = weight, bias, relu
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        return F.relu(y) if self.relu else y
+
+
+class PackedLinear(nn.Module):
+    """oneDNN's linear on a weight packed once; ReLU fused into the same kernel."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float().contiguous(), None)  # blocked layout
+        self.bias = None if bias is None else bias.float()
+        self.post_op = "relu" if relu else "none"
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, self.post_op, [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, post_op={self.post_op}"
+
+
+class Int8Linear(nn.Module):
+    """int8 weights, activations quantized on the fly (PyTorch dynamic quantization, CPU),
+    optionally followed by ReLU."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
+        super().__init__()
+        if weight.device.type != "cpu":
+            raise ValueError("--spec-drafter-quantize int8: dynamic int8 quantization runs on CPU only (drop --cuda or the option)")
+        plain = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None)
+        with torch.no_grad():
+            plain.weight.copy_(weight)
+            if bias is not None:
+                plain.bias.copy_(bias)
+        with warnings.catch_warnings():
+            # torch 2.1x deprecates its quantized tensors in favour of torchao; they still
+            # work, and the warning would only repeat this caveat on every run
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
+            self.linear = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), {nn.Linear}, dtype=torch.qint8)[0]
+        self.relu = relu
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.linear(x)
+        return F.relu(y) if self.relu else y
+
+
+LINEARS = {"native": NativeLinear, "packed": PackedLinear, "int8": Int8Linear}
+
+
+def prepared_linear(weight: Tensor, bias: Optional[Tensor], kernels: str, relu: bool = False) -> nn.Module:
+    """An inference-only linear layer ``(..., in) -> (..., out)`` with copies of ``weight``
+    (out, in) and ``bias`` (out,) on ``kernels`` (native, packed or int8), ReLU after it
+    when ``relu``."""
+    if kernels not in LINEARS:
+        raise ValueError(f"unknown kernels {kernels!r}; choose from {', '.join(LINEARS)}")
+    bias = None if bias is None else bias.detach().clone()
+    return LINEARS[kernels](weight.detach().clone(), bias, relu)
+
+
+def linear_of(module: nn.Linear, kernels: str, relu: bool = False) -> nn.Module:
+    """``prepared_linear`` of an ``nn.Linear``'s weight and bias."""
+    return prepared_linear(module.weight, module.bias, kernels, relu)

@@ -1,0 +1,106 @@
+"""Decoding kernels (cmasd.kernels) and the layers prepared for decoding
+(cmasd.attention.DecodingLayer): the same arithmetic as nn.Linear and as the fairseq
+layer they are built from, to float tolerance; which kernels --spec-kernels picks."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cmasd.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
+from cmasd.kernels import Int8Linear, NativeLinear, PackedLinear, packing_available, prepared_linear, resolve_kernels
+from test_block_scoring import tiny_transformer
+
+needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
+
+
+@pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing), "int8"])
+@pytest.mark.parametrize("relu", [False, True])
+def test_prepared_linear_computes_the_linear_layer(kernels, relu):
+    torch.manual_seed(0)
+    plain = nn.Linear(24, 40)
+    x = torch.randn(3, 5, 24)
+    with torch.no_grad():
+        expected = plain(x)
+        if relu:
+            expected = F.relu(expected)
+        got = prepared_linear(plain.weight, plain.bias, kernels, relu=relu)(x)  # (3, 5, 40)
+    assert got.shape == expected.shape
+    tolerance = 0.05 if kernels == "int8" else 1e-5  # int8 weights round to 1/127 of their range
+    torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
+    if relu:
+        assert (got >= 0).all()
+
+
+def test_prepared_linear_copies_the_weights():
+    plain = nn.Linear(4, 3)
+    layer = prepared_linear(plain.weight, plain.bias, "native")
+    with torch.no_grad():
+        plain.weight.add_(1.0)
+    assert not torch.equal(layer.weight, plain.weight)
+
+
+def test_kernel_choice():
+    cpu32 = torch.zeros(1)
+    assert resolve_kernels("native", cpu32) == "native"
+    assert resolve_kernels("auto", torch.zeros(1, dtype=torch.float16)) == "native"
+    with pytest.raises(ValueError, match="--spec-kernels packed: .* but the model is torch.float16"):
+        resolve_kernels("packed", torch.zeros(1, dtype=torch.float16))
+    with pytest.raises(ValueError, match="--spec-kernels: unknown 'fast'"):
+        resolve_kernels("fast", cpu32)
+    assert resolve_kernels("auto", cpu32) == ("packed" if packing_available() else "native")
+    with pytest.raises(ValueError, match="unknown kernels 'fp8'"):
+        prepared_linear(torch.zeros(2, 2), None, "fp8")
+
+
+def test_only_powers_of_two_are_folded():
+    assert exact_power_of_two(64 ** -0.5) and exact_power_of_two(1.0) and exact_power_of_two(2.0)
+    assert not exact_power_of_two(32 ** -0.5) and not exact_power_of_two(0.0)
+
+
+@pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing)])
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("head_dim", [8, 16], ids=["scaling-applied", "scaling-folded"])
+def test_decoding_layer_equals_the_fairseq_layer(kernels, normalize_before, head_dim):
+    """A prepared layer (fused q/k/v projection, additive mask) computes what
+    ``decoder_layer`` computes with the fairseq modules, with 8-dimensional heads (scaling
+    1/sqrt(8), applied after the projection) and 16-dimensional ones (1/4, folded into
+    the weights)."""
+    model, dictionary = tiny_transformer(normalize_before, learned_pos=False)
+    layer = model.decoder.layers[0]
+    if head_dim != layer.self_attn.head_dim:  # the tiny model has 4 heads of 8
+        for attn in (layer.self_attn, layer.encoder_attn):
+            attn.num_heads, attn.head_dim = attn.embed_dim // head_dim, head_dim
+            attn.scaling = head_dim ** -0.5
+    heads = layer.self_attn.num_heads
+    torch.manual_seed(4)
+    x = torch.randn(2, 5, 32)
+    enc = torch.randn(2, 6, 32)
+    past_kv = torch.randn(2, 2 * heads, 3, head_dim)  # three cached positions
+    visible = torch.rand(2, 1, 5, 8) > 0.3
+    visible[..., 0] = True  # every query sees something
+    source = torch.tensor([[True] * 6, [False, False] + [True] * 4])
+    with torch.no_grad():
+        prepared = DecodingLayer(layer, kernels)
+        cross = prepared.cross_keys(enc)
+
+        def new_keys(index, kv_new):  # (B, 2H, 5, d)
+            kv = torch.cat([past_kv, kv_new], dim=2)
+            return kv[:, :heads], kv[:, heads:]
+
+        got = prepared(0, x, new_keys, additive_mask(visible, x), cross, additive_mask(source[:, None, None, :], x))
+
+        def old_keys(index, k_new, v_new):  # (B, H, 5, d) each
+            keys = torch.cat([past_kv[:, :heads], k_new], dim=2)
+            values = torch.cat([past_kv[:, heads:], v_new], dim=2)
+            return keys, values, visible
+
+        reference_cross = (
+            layer.encoder_attn.k_proj(enc).view(2, 6, heads, head_dim).transpose(1, 2),
+            layer.encoder_attn.v_proj(enc).view(2, 6, heads, head_dim).transpose(1, 2),
+        )
+        expected = decoder_layer(layer, 0, x, old_keys, reference_cross, source[:, None, None, :])
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert math.isclose(prepared.self_scaling or 1.0, 1.0 if head_dim == 16 else head_dim ** -0.5)
