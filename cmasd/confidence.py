@@ -77,16 +77,22 @@ class ConfidenceSpec:
 
 
 def _ensemble(spec: ConfidenceSpec, logits: Tensor) -> Tensor:
+    """The weighted sum, with one log-softmax and one top-2 shared by the three scores:
+    the logit margin z(1) - z(2) is the log-probability margin (the normaliser cancels)
+    and P(1), P(2) are the exponentials of the top-2 log-probabilities."""
     l_ent, l_logit, l_soft = spec.weights
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
     conf = torch.zeros(logits.shape[:-1], device=logits.device)
     if l_ent:
-        conf = conf + l_ent * entropy_confidence(logits)
-    if l_logit:
-        conf = conf + l_logit * logit_margin_confidence(
-            logits, spec.margin_scale, spec.margin_rescaled
-        )
-    if l_soft:
-        conf = conf + l_soft * softmax_margin_confidence(logits)
+        entropy = -(logp.exp() * logp).sum(-1)  # (...)
+        conf = conf + l_ent * (1.0 - entropy / math.log(logits.size(-1))).clamp(0.0, 1.0)
+    if l_logit or l_soft:
+        first, second = top2(logp)  # (...), (...)
+        if l_logit:
+            margin = torch.sigmoid(spec.margin_scale * (first - second))
+            conf = conf + l_logit * (2.0 * margin - 1.0 if spec.margin_rescaled else margin)
+        if l_soft:
+            conf = conf + l_soft * (first.exp() - second.exp())
     return conf
 
 

@@ -20,8 +20,10 @@ encoder output), the token embeddings (tied input/output) start from the verifie
 the decoder layers start from the verifier's bottom layers (``--decoder-init``).
 
 The layers are fairseq ``TransformerDecoderLayer`` modules run by ``cmasd.attention``
-with explicit masks, in training (one pass scores several cut points of a target) and
-in decoding (ragged rows, cache) alike, so both see the same arithmetic.
+with explicit masks in training (one pass scores several cut points of a target); in
+decoding (ragged rows, cache) ``Drafting`` runs a copy of their weights prepared by
+``cmasd.attention.DecodingDecoder`` (fused projections, chosen kernels), the same
+arithmetic to float tolerance (tests compare the two).
 """
 
 import copy

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from cmasd.acceptance import Proposal
+from cmasd.history import repeated_continuation
 from cmasd.kv_cache import BlockScorer, VerifierCache
 from cmasd.metrics import DecodeStats
 
@@ -98,7 +99,7 @@ class SpeculativeGenerator:
 
     def __init__(
         self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules, draft_block=None,
-        kernels: str = "native",
+        kernels: str = "native", history_ngram: int = 0,
     ):
         self.model = model
         self.drafter = drafter  # a Spec-Drafter prepared for decoding (``SpecDrafterModel.drafting``)
@@ -108,11 +109,13 @@ class SpeculativeGenerator:
         self.confidence = confidence
         self.rules = rules
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.vocab = len(tgt_dict)
         self.block = drafter.block_size
         self.draft_block = self.block if draft_block is None else draft_block  # slots the drafter runs
         # fixed k with exact or top-k/gap acceptance never reads the confidence
         self.needs_confidence = controller.uses_confidence or acceptance.uses_confidence
+        if history_ngram < 0:
+            raise ValueError(f"--spec-history-ngram: must be >= 0 (0: off), got {history_ngram}")
+        self.history_ngram = history_ngram  # 0: the Spec-Drafter alone
         self.stats = DecodeStats()
 
     @torch.no_grad()
@@ -192,16 +195,12 @@ class SpeculativeGenerator:
         """One draft/verify iteration of every active row. Returns the new state and
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
-        draft_logits, drafter_state = self.draft(state)  # (B, horizon, V)
-        if self.needs_confidence:
-            confidence = self.confidence(draft_logits)  # (B, horizon)
-        else:
-            confidence = draft_logits.new_zeros(draft_logits.size(0), 0)  # (B, 0): nothing reads it
+        drafts, confidence, drafter_state = self.draft(state)  # (B, horizon), (B, horizon) or (B, 0)
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
         k = torch.minimum(self.controller.propose(confidence), room)  # (B,)
         width = int(k.max())
-        proposal = Proposal(draft_logits[:, :width].argmax(dim=-1), k, confidence[:, :width])
+        proposal = Proposal(drafts[:, :width], k, confidence[:, :width])
         t1 = now(state.tokens)
 
         lprobs = self.verify(state, proposal, max_len)  # (B, width + 1, V)
@@ -220,14 +219,34 @@ class SpeculativeGenerator:
         return replace(state, drafter=drafter_state), done
 
     def draft(self, state: DecodeState):
-        """The drafter's logits (B, horizon, V) for the positions the controller can
-        send (only those are projected) and its new cache. With horizon 0
-        (``--spec-k 0``) the drafter is not run and nothing is drafted."""
-        if self.controller.horizon == 0:
-            return state.scores.new_zeros(state.rows.numel(), 0, self.vocab), state.drafter
-        return self.drafter.draft(
-            state.drafter, state.tokens, state.lengths, slots=self.controller.horizon, block=self.draft_block
-        )
+        """Drafted tokens (B, horizon) for the positions the controller can send, their
+        confidence (B, horizon), or (B, 0) when no part reads it, and the drafter's new
+        cache. The Spec-Drafter drafts (only the ``horizon`` slots are projected); with
+        ``history_ngram`` a row whose last n tokens occurred before drafts their earlier
+        continuation instead, at confidence 1 (``cmasd.history``), and when every row
+        does, the drafter is not run (its cache catches up later). With horizon 0
+        (``--spec-k 0``) nothing is drafted."""
+        bsz, horizon = state.rows.numel(), self.controller.horizon
+        nothing = state.scores.new_zeros(bsz, 0)  # (B, 0)
+        if horizon == 0:
+            return state.tokens.new_zeros(bsz, 0), nothing, state.drafter
+        repeats = None
+        if self.history_ngram:
+            repeats = repeated_continuation(state.tokens, state.lengths, self.history_ngram, horizon)
+            self.stats.history_rows += int(repeats.found.sum())
+            if bool(repeats.found.all()):
+                confidence = state.scores.new_ones(bsz, horizon) if self.needs_confidence else nothing
+                return repeats.tokens, confidence, state.drafter
+        logits, drafter_state = self.drafter.draft(
+            state.drafter, state.tokens, state.lengths, slots=horizon, block=self.draft_block
+        )  # (B, horizon, V)
+        tokens = logits.argmax(dim=-1)  # (B, horizon)
+        confidence = self.confidence(logits) if self.needs_confidence else nothing  # (B, horizon) or (B, 0)
+        if repeats is not None:
+            tokens = torch.where(repeats.found[:, None], repeats.tokens, tokens)
+            if self.needs_confidence:
+                confidence = confidence.masked_fill(repeats.found[:, None], 1.0)
+        return tokens, confidence, drafter_state
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
         """Verifier log-probabilities after the last accepted token and each draft:

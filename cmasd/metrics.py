@@ -26,6 +26,7 @@ class DecodeStats:
     rollbacks: int = 0  # row-iterations that rejected at least one drafted token
     confidence_sum: float = 0.0  # mean drafter confidence of the sent block, summed
     confidence_rows: int = 0  # row-iterations whose confidence was computed
+    history_rows: int = 0  # row-iterations that drafted from the row's own history (--spec-history-ngram)
     draft_seconds: float = 0.0  # drafter pass, confidence, controller
     verify_seconds: float = 0.0  # verifier pass over the block, fairseq's length/score rules
     bookkeeping_seconds: float = 0.0  # acceptance, appending, these statistics, dropping rows, growing caches
@@ -76,6 +77,7 @@ class DecodeStats:
             "rollback_rate": self.rollbacks / its,
             "mean_k": self.drafted / its,
             "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
+            "history_draft_rate": self.history_rows / its,
             "draft_ms_per_iteration": 1000.0 * self.draft_seconds / batch_its,
             "verify_ms_per_iteration": 1000.0 * self.verify_seconds / batch_its,
             "bookkeeping_ms_per_iteration": 1000.0 * self.bookkeeping_seconds / batch_its,
@@ -96,6 +98,7 @@ class DecodeStats:
             f"draft acceptance {100 * s['acceptance_rate']:.1f}%, "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
             f"mean confidence {mean_confidence}, "
+            f"drafted from history {100 * s['history_draft_rate']:.1f}% of iterations, "
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
             f"{s['verify_ms_per_iteration']:.2f} ms + bookkeeping "
             f"{s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, "

@@ -52,6 +52,12 @@ class SpeculativeDecodingConfig(FairseqDataclass):
         metadata={"help": "int8: dynamic int8 quantization of the drafter's linear layers (CPU only): less memory "
                   "read per drafter pass; the verifier keeps full precision, so exact acceptance stays lossless"},
     )
+    spec_history_ngram: int = field(
+        default=0,
+        metadata={"help": "n > 0: where a row's last n accepted tokens occurred earlier in it, draft the tokens that "
+                  "followed that occurrence (continued periodically, confidence 1) instead of the drafter's; the "
+                  "drafter is skipped when every row does (catches repetition loops; 0: off)"},
+    )
     spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
         default="auto",
         metadata={"help": "linear-layer kernels of the verifier's decoder and the drafter while decoding: packed "
@@ -181,7 +187,8 @@ def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: Specula
     )
     drafting = drafter.drafting("int8" if cfg.spec_drafter_quantize == "int8" else kernels)
     generator = SpeculativeGenerator(
-        verifier, drafting, tgt_dict, controller, acceptance, confidence, rules, draft_block=draft_block, kernels=kernels
+        verifier, drafting, tgt_dict, controller, acceptance, confidence, rules, draft_block=draft_block, kernels=kernels,
+        history_ngram=cfg.spec_history_ngram,
     )
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.

@@ -160,6 +160,17 @@ def test_native_kernels_stay_lossless(probe, verifier, drafter, greedy, batch_si
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
 
 
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_history_drafts_stay_lossless(probe, verifier, drafter, greedy, batch_size):
+    """``--spec-history-ngram 2``: rows that repeat a bigram draft its earlier continuation;
+    the tiny verifier repeats itself often enough for some iterations to do so."""
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
+                    "--spec-history-ngram", "2", "--spec-k", "6", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    rate = float(re.search(r"drafted from history ([0-9.]+)% of iterations", proc.stderr).group(1))
+    assert rate > 0
+
+
 def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
     proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", probe, verifier, untrained_drafter,
                 "--batch-sizes", "1,16", "--out", tmp_path])
@@ -252,6 +263,7 @@ def last_line(proc):
         (["--sampling"], "--sampling"),
         (["--spec-k", "10", "--spec-draft-block", "9"], "--spec-draft-block: must be in [10, 25]"),
         (["--spec-controller", "cmasd", "--spec-draft-block", "24"], "--spec-draft-block: must be in [25, 25]"),
+        (["--spec-history-ngram", "-1"], "--spec-history-ngram: must be >= 0"),
     ],
 )
 def test_unsupported_options_are_refused(probe, verifier, drafter, options, message):
