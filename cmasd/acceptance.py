@@ -56,9 +56,9 @@ class Exact:
     uses_confidence = False
 
     def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
-        top1 = verifier_lprobs[:, : proposal.tokens.size(1)].argmax(dim=-1)  # (B, K)
-        accepted = leading_accepted(top1 == proposal.tokens, proposal.k)
-        return accepted, next_token(verifier_lprobs, accepted)
+        top1 = verifier_lprobs.argmax(dim=-1)  # (B, K+1): every position's top-1, the next token's included
+        accepted = leading_accepted(top1[:, : proposal.tokens.size(1)] == proposal.tokens, proposal.k)
+        return accepted, top1.gather(1, accepted[:, None]).squeeze(1)
 
 
 class TopKGap:

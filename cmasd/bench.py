@@ -107,6 +107,8 @@ FULL_CMASD = {**ADAPTIVE_K, **ADAPTIVE_TAU, "cmasd_confidence": "ensemble"}
 # 15 ms for 11 with the compact verifier on 2 cores): cap k, and run only the slots sent.
 SHORT_BLOCK = {"spec_k_max": 4, "spec_draft_block": 4}
 EIGHT_BLOCK = {"spec_k_max": 8, "spec_draft_block": 8}
+# The verifier's repetition loops, which the drafter does not predict, drafted from the row's history.
+HISTORY = {"spec_history_ngram": 3}
 
 
 def speculative(name: str, description: str, *parts: Mapping[str, Any]) -> BenchConfig:
@@ -138,6 +140,10 @@ CONFIGS: Dict[str, BenchConfig] = {
                     "cmasd-tune found on a 2-core CPU)", FULL_CMASD, SHORT_BLOCK),
         speculative("cmasd-k8", "CM-ASD with k_max=8 and an 8-slot drafter block (the faster cap with the "
                     "demo's one-hour drafter)", FULL_CMASD, EIGHT_BLOCK),
+        speculative("cmasd-k8-history", "cmasd-k8 with history drafts (--spec-history-ngram 3): a row that "
+                    "repeats its last 3 tokens drafts their earlier continuation", FULL_CMASD, EIGHT_BLOCK, HISTORY),
+        speculative("specdec-k5-exact-history", "specdec-k5-exact with history drafts (--spec-history-ngram 3; "
+                    "lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT, HISTORY),
         speculative("cmasd-exact", "CM-ASD's adaptive k, exact acceptance (lossless)", ADAPTIVE_K, EXACT),
         speculative("cmasd-text-tau", "CM-ASD with tau = tau_base + gamma*C (the paper's text)",
                     FULL_CMASD, {"cmasd_tau_schedule": "confidence"}),
@@ -158,7 +164,7 @@ CONFIGS: Dict[str, BenchConfig] = {
 }
 DEFAULT_CONFIGS = (
     "beam5,greedy,loop-greedy-native,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
-    "cmasd,cmasd-k4,cmasd-k8"
+    "specdec-k5-exact-history,cmasd,cmasd-k4,cmasd-k8,cmasd-k8-history"
 )
 
 # A comma starts a new configuration only where a name follows (so that values such as

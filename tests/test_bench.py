@@ -14,8 +14,8 @@ from conftest import BIN, run
 from cmasd.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tune import pareto_front
 
-BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy-native", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact", "cmasd", "cmasd-k4",
-                 "cmasd-k8"]
+BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy-native", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact",
+                 "specdec-k5-exact-history", "cmasd", "cmasd-k4", "cmasd-k8", "cmasd-k8-history"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = [
     "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration"
@@ -87,7 +87,9 @@ def test_greedy_is_its_own_reference(bench_json):
         assert row["mean_accepted_tokens"] == 1.0
 
 
-@pytest.mark.parametrize("name", ["specdec-k10-exact", "specdec-k5-exact", "loop-greedy", "loop-greedy-native"])
+@pytest.mark.parametrize(
+    "name", ["specdec-k10-exact", "specdec-k5-exact", "specdec-k5-exact-history", "loop-greedy", "loop-greedy-native"]
+)
 def test_lossless_configuration_matches_greedy(bench_json, name):
     for row in rows_of(bench_json, name).values():
         assert row["exact_match_vs_greedy"] == 1.0
@@ -103,7 +105,7 @@ def test_loop_greedy_drafts_nothing(bench_json, name, kernels):
         assert row["rollback_rate"] == 0.0
 
 
-@pytest.mark.parametrize("name, cap", [("cmasd-k4", 4), ("cmasd-k8", 8), ("specdec-k5-exact", 5)])
+@pytest.mark.parametrize("name, cap", [("cmasd-k4", 4), ("cmasd-k8", 8), ("specdec-k5-exact", 5), ("cmasd-k8-history", 8)])
 def test_short_block_configurations_send_at_most_their_cap(bench_json, name, cap):
     options = bench_json["configs"][name]["options"]
     assert options["spec_k_max" if name.startswith("cmasd") else "spec_k"] == cap
@@ -112,6 +114,14 @@ def test_short_block_configurations_send_at_most_their_cap(bench_json, name, cap
         assert 0.0 < row["mean_k"] <= cap
         assert max(int(k) for k in row["decode_stats"]["k_histogram"]) <= cap
         assert 1.0 <= row["mean_accepted_tokens"] <= cap + 1
+
+
+@pytest.mark.parametrize("name", ["specdec-k5-exact-history", "cmasd-k8-history"])
+def test_history_configurations_draft_from_history(bench_json, name):
+    assert bench_json["configs"][name]["options"]["spec_history_ngram"] == 3
+    assert bench_json["configs"][name.replace("-history", "")]["options"]["spec_history_ngram"] == 0
+    for row in rows_of(bench_json, name).values():
+        assert 0.0 <= row["decode_stats"]["history_draft_rate"] <= 1.0
 
 
 def test_bench_records_how_it_ran(bench_json):
