@@ -32,12 +32,14 @@ KERNEL_CHOICES = ("auto", "packed", "native")
 
 def packing_available() -> bool:
     """Whether this torch build has oneDNN's packed linear (torch >= 2.0 CPU builds)."""
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(mkldnn, "_linear_pointwise")
-        and hasattr(mkldnn, "_reorder_linear_weight")
-    )
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:  # older torch raises RuntimeError, not AttributeError, for an unknown operator
+        torch.ops.mkldnn._linear_pointwise
+        torch.ops.mkldnn._reorder_linear_weight
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def resolve_kernels(choice: str, like: Tensor) -> str:
