@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # A bare torch requirement pulls a multi-GB CUDA build; install this release first.
 TORCH_VERSION ?= 2.13.0
+# pip 24.1 and newer reject the metadata of omegaconf 2.0.x, which stock fairseq 0.12.2
+# (on Python 3.10) needs through hydra-core 1.0.7; ve-fairseq (Python >= 3.11) does not.
+PIP_FOR_PYTHON := import sys; print("pip<24.1" if sys.version_info < (3, 11) else "pip")
 
 .PHONY: setup test demo clean-venv
 
@@ -13,7 +16,7 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade "$$($(PY) -c '$(PIP_FOR_PYTHON)')"
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@

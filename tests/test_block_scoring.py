@@ -131,3 +131,25 @@ def test_a_grown_cache_scores_as_a_large_one():
             got.append(scorer.score(cache, tgt[:, start:end], torch.full((2,), start)))
         assert cache.grow(4) is cache  # never shrinks
     torch.testing.assert_close(torch.cat(got, dim=1), expected, rtol=0, atol=1e-4)
+
+
+def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass():
+    """cmasd-bench's floor (encoder, then the block scorer over the whole right-padded
+    target at once) gives fairseq's teacher-forced logits at every real position."""
+    from cmasd.bench import FloorScorer, teacher_forced_input
+
+    model, dictionary = tiny_transformer(True, False)
+    eos, pad = dictionary.eos(), dictionary.pad()
+    torch.manual_seed(4)
+    src = torch.randint(4, len(dictionary), (3, 6))
+    src[1, :2] = pad  # fairseq left-pads sources
+    sample = {"id": torch.tensor([7, 8, 9]), "net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}}
+    hypotheses = {  # outputs of different lengths, eos last
+        i: torch.randint(4, len(dictionary), (n,)).tolist() + [eos] for i, n in ((7, 9), (8, 3), (9, 6))
+    }
+    net_input = teacher_forced_input(sample, hypotheses, eos, pad)
+    with torch.no_grad():
+        expected, _ = model(**net_input)  # (B, T, V)
+        got = FloorScorer(model)(net_input)
+    for b, n in enumerate((10, 4, 7)):  # eos + the hypothesis without its eos
+        torch.testing.assert_close(got[b, :n], expected[b, :n], rtol=0, atol=1e-4)
