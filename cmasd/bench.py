@@ -443,14 +443,14 @@ def choose_device(args) -> torch.device:
 
 def load_setup(args, need_drafter: bool) -> Setup:
     """Verifier, drafter and split, on the chosen device, in eval mode."""
+    import fairseq_plugins  # noqa: F401  (registers the spec_drafter models; fairseq 0.12.2 fixes)
+
     torch.set_num_threads(args.threads)
     device = choose_device(args)
     model, task = load_verifier(args)
     model = (model.half() if args.fp16 else model).to(device).eval()
     drafter = None
     if need_drafter:
-        import fairseq_plugins  # noqa: F401  (registers the spec_drafter models)
-
         from cmasd.options import load_drafter
 
         drafter = load_drafter(args.drafter_path, task, like=next(model.parameters()))

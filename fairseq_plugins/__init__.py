@@ -3,7 +3,9 @@
 ``spec_drafter_loss`` criterion. The algorithms live in the ``cmasd`` package."""
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
+from cmasd.compat import disable_encoder_fast_path
 
 allow_fairseq_checkpoints()
+disable_encoder_fast_path()  # stock fairseq 0.12.2 only
 
 from . import criterions, models, tasks  # noqa: E402,F401

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import fairseq_plugins  # noqa: F401  (as --user-dir does: models built in tests get its fairseq 0.12.2 fixes)
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PLUGINS = str(REPO / "fairseq_plugins")

@@ -96,6 +96,8 @@ def sequences(dictionary, generator, bsz, length):
     return tokens
 
 
+FAST_PATH_COPIES = {f"{part}_{kind}" for part in ("in_proj", "out_proj", "fc1", "fc2") for kind in ("weight", "bias")}
+
 ARCHS = [
     pytest.param(False, False, id="sinusoidal-postnorm"),
     pytest.param(True, True, id="learned-prenorm"),
@@ -111,8 +113,11 @@ def test_dimensions_and_initialisation_follow_the_verifier(learned_pos, normaliz
     assert torch.equal(drafter.decoder.embed_tokens.weight, verifier.decoder.embed_tokens.weight)
     # tied output projection; the frozen encoder is the verifier's
     assert drafter.decoder.output_projection.weight is drafter.decoder.embed_tokens.weight
-    for (name, mine), theirs in zip(drafter.encoder.state_dict().items(), verifier.encoder.state_dict().values()):
-        assert torch.equal(mine, theirs), name
+    theirs = verifier.encoder.state_dict()
+    for name, mine in drafter.encoder.state_dict().items():
+        # stock fairseq 0.12.2's fused copies of a layer's weights, filled when loaded
+        if name.split(".")[-1] not in FAST_PATH_COPIES:
+            assert torch.equal(mine, theirs[name]), name
     assert not any(p.requires_grad for p in drafter.encoder.parameters())
     drafter.train()
     assert not drafter.encoder.training and drafter.decoder.training

@@ -207,3 +207,23 @@ def test_drafter_recipe_names_an_unreadable_verifier(multi30k, tmp_path):
     proc = run_refused(["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, garbage])
     assert f"[cmasd prep] error: cannot read the verifier checkpoint {garbage}" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_encoder_layers_never_take_fairseq_0_12_2s_fast_path():
+    """Stock fairseq 0.12.2's BetterTransformer encoder path fails on torch >= 1.13
+    (fairseq#4858); with the plugins imported (conftest, --user-dir), layers built
+    afterwards take the ordinary path. ve-fairseq has no such path at all."""
+    import argparse
+
+    from fairseq.models.transformer import TransformerConfig
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    from cmasd.compat import disable_encoder_fast_path
+
+    assert disable_encoder_fast_path() is False  # already done, once
+    layer = TransformerEncoderLayerBase(TransformerConfig.from_namespace(argparse.Namespace())).eval()
+    assert getattr(layer, "can_use_fastpath", False) is False
+    x = torch.randn(5, 2, layer.embed_dim)  # (T, B, C)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    with torch.no_grad():
+        assert torch.isfinite(layer(x, encoder_padding_mask=padding)[:3]).all()
