@@ -404,6 +404,7 @@ class Setup:
     device: torch.device
     size: int  # sentences measured
     split_size: int  # sentences in the whole split
+    floor: "FloorScorer"  # the floor's teacher-forced pass, its layers prepared once
 
 
 def load_verifier(args):
@@ -455,7 +456,7 @@ def load_setup(args, need_drafter: bool) -> Setup:
 
         drafter = load_drafter(args.drafter_path, task, like=next(model.parameters()))
     dataset, split_size = load_split(task, args)
-    return Setup(task, model, drafter, dataset, device, len(dataset), split_size)
+    return Setup(task, model, drafter, dataset, device, len(dataset), split_size, FloorScorer(model))
 
 
 def build_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
@@ -593,12 +594,12 @@ class FloorScorer:
         return self.scorer.score(cache, prev, prev.new_zeros(prev.size(0)))
 
 
-def score_split(setup: Setup, scorer: FloorScorer, inputs: Sequence[Dict[str, Any]]) -> Run:
+def score_split(setup: Setup, inputs: Sequence[Dict[str, Any]]) -> Run:
     """The floor: one teacher-forced verifier pass per batch, timed."""
     batch_seconds = []
     for net_input in inputs:
         start = clock(setup.device)
-        scorer(net_input)
+        setup.floor(net_input)
         batch_seconds.append(clock(setup.device) - start)
     return Run(batch_seconds)
 
@@ -626,7 +627,6 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
     batch size; 0: all), then ``repeats`` recorded passes; each pass runs every
     configuration and the floor at every batch size."""
     tgt_dict = setup.task.target_dictionary
-    floor_scorer = FloorScorer(setup.model)
     floor_inputs: Dict[int, list] = {}
     out = Measurements()
     for n in range(warmup + repeats):
@@ -642,7 +642,7 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
                     ]
                 log_run(label, name, bs, run, recorded, out)
             if bs in floor_inputs:
-                log_run(label, FLOOR, bs, score_split(setup, floor_scorer, floor_inputs[bs][: len(bs_batches)]), recorded, out)
+                log_run(label, FLOOR, bs, score_split(setup, floor_inputs[bs][: len(bs_batches)]), recorded, out)
     return out
 
 
@@ -998,7 +998,7 @@ def environment(args, setup: Setup) -> Dict[str, Any]:
         "sentences": setup.size,
         "split_sentences": setup.split_size,
         "fp16": args.fp16,
-        "floor_kernels": resolve_kernels("auto", next(setup.model.parameters())),
+        "floor_kernels": setup.floor.kernels,
     }
 
 
