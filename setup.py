@@ -28,9 +28,9 @@ setup(
     extras_require={"test": ["pytest>=7"]},
     entry_points={
         "console_scripts": [
-            "cmasd-bench = cmasd.bench:cli_main",
-            "cmasd-tune = cmasd.tune:cli_main",
-            "cmasd-prep = cmasd.prep:cli_main",
+            "cmasd-bench = cmasd.tools.bench:cli_main",
+            "cmasd-tune = cmasd.tools.tune:cli_main",
+            "cmasd-prep = cmasd.tools.prep:cli_main",
         ],
     },
 )

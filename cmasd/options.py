@@ -1,68 +1,97 @@
 """Options of speculative generation and how they build the generator.
 
 ``SpeculativeDecodingConfig`` is mixed into the ``translation_speculative`` task's
-config, so its fields are ``fairseq-generate`` flags (``--drafter-path``,
-``--spec-k``, ``--cmasd-alpha``, ...). ``build_speculative_generator`` checks them
-together with fairseq's own generation options and assembles the parts.
+config, so its fields are ``fairseq-generate`` flags (``--drafter-path``, ``--spec-k``,
+``--cmasd-alpha``, ...). ``build_speculative_generator`` checks them together with
+fairseq's own generation options and assembles the parts, each from its registry:
+the drafter kind (``cmasd.drafters.DRAFTER_KINDS``), the lookups in front of it
+(``cmasd.drafters.ngram``), the controller (``CONTROLLERS``), the acceptance rule
+(``ACCEPTANCE_RULES``) and the confidence score (``CONFIDENCES``).
 """
 
 import atexit
 import logging
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
+import torch
 from fairseq import checkpoint_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from cmasd.acceptance import ACCEPTANCE_RULES
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
-from cmasd.confidence import CONFIDENCES, ConfidenceSpec
-from cmasd.controllers import CONTROLLERS
-from cmasd.generator import LengthRules, SpeculativeGenerator
-from cmasd.kernels import KERNEL_CHOICES, resolve_kernels
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.decoding.kernels import KERNEL_CHOICES, resolve_kernels
+from cmasd.drafters import DRAFTER_KINDS
+from cmasd.drafters.base import Drafter, Nothing
+from cmasd.drafters.compose import Fallback
+from cmasd.drafters.ngram import HistoryNgram, SourceNgram
+from cmasd.models.verifier import DrafterOfVerifier
+from cmasd.verification.acceptance import ACCEPTANCE_RULES, TAU_SCHEDULES
+from cmasd.verification.confidence import CONFIDENCES, DEFAULT_WEIGHTS, ConfidenceSpec
+from cmasd.verification.controllers import CONTROLLERS
 
 logger = logging.getLogger(__name__)
+
+AUTO = "auto"
 
 
 @dataclass
 class SpeculativeDecodingConfig(FairseqDataclass):
     drafter_path: Optional[str] = field(
         default=None,
-        metadata={"help": "Spec-Drafter checkpoint; when given, generation is speculative"},
+        metadata={"help": "the model drafter's checkpoint: a Spec-Drafter, or a fairseq Transformer with the "
+                  "verifier's dictionary as an autoregressive draft model. Generation is speculative when it "
+                  "or a lookup (--spec-history-ngram, --spec-source-ngram) is given"},
+    )
+    drafter_kind: ChoiceEnum([AUTO] + list(DRAFTER_KINDS)) = field(
+        default=AUTO,
+        metadata={"help": "how --drafter-path drafts: spec (the Spec-Drafter, non-autoregressive), autoregressive "
+                  "(a fairseq Transformer, one token per pass), or auto (from the checkpoint's model)"},
     )
     spec_controller: ChoiceEnum(list(CONTROLLERS)) = field(
         default="fixed", metadata={"help": "draft-length controller: fixed k or CM-ASD's adaptive k"}
     )
     spec_k: int = field(
         default=10,
-        metadata={"help": "draft length of the fixed controller; 0: nothing drafted, the verifier decodes "
-                  "greedily through the same loop (a reference for measurements)"},
+        metadata={"help": "draft length of the fixed controller (the gamma of an autoregressive draft model); 0: "
+                  "nothing drafted, the verifier decodes greedily through the same loop (a reference for "
+                  "measurements)"},
     )
     spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd controller"})
     spec_k_max: Optional[int] = field(
-        default=None, metadata={"help": "largest draft length of the cmasd controller (default: the drafter's block)"}
+        default=None,
+        metadata={"help": "largest draft length of the cmasd controller (default: the Spec-Drafter's block; "
+                  "required with other drafters)"},
     )
     spec_draft_block: Optional[int] = field(
         default=None,
-        metadata={"help": "mask slots the drafter runs per pass (default: its block, as trained); fewer, down to "
-                  "--spec-k or --spec-k-max, costs less, but the drafter then sees a shorter block than in training"},
+        metadata={"help": "Spec-Drafter: mask slots it runs per pass (default: its block, as trained); fewer, down "
+                  "to --spec-k or --spec-k-max, costs less, but the drafter then sees a shorter block than in "
+                  "training"},
     )
     spec_drafter_quantize: ChoiceEnum(["none", "int8"]) = field(
         default="none",
-        metadata={"help": "int8: dynamic int8 quantization of the drafter's linear layers (CPU only): less memory "
-                  "read per drafter pass; the verifier keeps full precision, so exact acceptance stays lossless"},
+        metadata={"help": "int8: dynamic int8 quantization of the model drafter's linear layers (CPU only): less "
+                  "memory read per drafter pass; the verifier keeps full precision, so exact acceptance stays "
+                  "lossless"},
     )
     spec_history_ngram: int = field(
         default=0,
         metadata={"help": "n > 0: where a row's last n accepted tokens occurred earlier in it, draft the tokens that "
-                  "followed that occurrence (continued periodically, confidence 1) instead of the drafter's; the "
-                  "drafter is skipped when every row does (catches repetition loops; 0: off)"},
+                  "followed that occurrence (continued periodically, confidence 1) in front of the model drafter, "
+                  "which is skipped when every row has such a draft (catches repetition loops; 0: off)"},
+    )
+    spec_source_ngram: int = field(
+        default=0,
+        metadata={"help": "n > 0: where a row's last n accepted tokens occur in its source sentence, draft the "
+                  "source tokens that follow (confidence 1), in front of the model drafter (after history "
+                  "drafts); needs a joined dictionary (0: off)"},
     )
     spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
         default="auto",
-        metadata={"help": "linear-layer kernels of the verifier's decoder and the drafter while decoding: packed "
-                  "(oneDNN on weights packed once; CPU), native (torch's default, as fairseq runs them), auto "
-                  "(packed on CPU where torch has it, else native). The verifier's arithmetic stays float32"},
+        metadata={"help": "linear-layer kernels of the verifier's decoder and the model drafter while decoding: "
+                  "packed (oneDNN on weights packed once; CPU), native (torch's default, as fairseq runs them), "
+                  "auto (packed on CPU where torch has it, else native). The verifier's arithmetic stays float32"},
     )
     spec_acceptance: ChoiceEnum(list(ACCEPTANCE_RULES)) = field(
         default="exact",
@@ -75,7 +104,7 @@ class SpeculativeDecodingConfig(FairseqDataclass):
         default="ensemble", metadata={"help": "the drafter confidence driving k and tau"}
     )
     cmasd_weights: str = field(
-        default="0.34,0.33,0.33",
+        default=DEFAULT_WEIGHTS,
         metadata={"help": "ensemble weights of entropy, logit-margin and softmax-margin confidence; sum to 1"},
     )
     cmasd_margin_scale: float = field(default=1.0, metadata={"help": "beta_m of the logit-margin confidence"})
@@ -85,18 +114,16 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     cmasd_alpha: float = field(default=1.0, metadata={"help": "aggressiveness alpha in (0, 1] of the adaptive k"})
     cmasd_tau_base: float = field(default=0.1, metadata={"help": "tau_base of the adaptive threshold"})
     cmasd_gamma: float = field(default=1.0, metadata={"help": "gamma of the adaptive threshold"})
-    cmasd_tau_schedule: ChoiceEnum(["paper", "confidence"]) = field(
+    cmasd_tau_schedule: ChoiceEnum(list(TAU_SCHEDULES)) = field(
         default="paper",
         metadata={"help": "paper: tau_base + gamma*(1-C) (the paper's formula); "
                   "confidence: tau_base + gamma*C (what its text describes)"},
     )
 
 
-def parse_weights(text: str) -> List[float]:
-    try:
-        return [float(w) for w in str(text).split(",")]
-    except ValueError:
-        raise ValueError(f"--cmasd-weights: expected three comma-separated numbers, got {text!r}") from None
+def is_speculative(cfg: SpeculativeDecodingConfig) -> bool:
+    """Whether the options name any drafter (a model or a lookup)."""
+    return bool(cfg.drafter_path) or cfg.spec_history_ngram != 0 or cfg.spec_source_ngram != 0
 
 
 def refuse_unsupported(gen_cfg) -> None:
@@ -116,80 +143,124 @@ def refuse_unsupported(gen_cfg) -> None:
     ]
     unsupported = [what for bad, what in refusals if bad]
     if unsupported:
-        raise ValueError(
-            "speculative generation (--drafter-path) does not support: " + "; ".join(unsupported)
-        )
+        raise ValueError("speculative generation does not support: " + "; ".join(unsupported))
 
 
-def build_parts(cfg: SpeculativeDecodingConfig, block: int):
-    """The controller, acceptance rule and confidence score the options name."""
-    confidence = ConfidenceSpec(
-        name=cfg.cmasd_confidence,
-        weights=tuple(parse_weights(cfg.cmasd_weights)),
-        margin_scale=cfg.cmasd_margin_scale,
-        margin_rescaled=cfg.cmasd_margin_rescaled,
-    )
-    if cfg.spec_controller == "fixed":
-        controller = CONTROLLERS["fixed"](cfg.spec_k, block)
-    else:
-        k_max = block if cfg.spec_k_max is None else cfg.spec_k_max
-        controller = CONTROLLERS["cmasd"](cfg.spec_k_min, k_max, cfg.cmasd_alpha, block)
-    if cfg.spec_acceptance == "exact":
-        acceptance = ACCEPTANCE_RULES["exact"]()
-    elif cfg.spec_acceptance == "topk-gap":
-        acceptance = ACCEPTANCE_RULES["topk-gap"](cfg.spec_beta, cfg.spec_tau)
-    else:
-        acceptance = ACCEPTANCE_RULES["cmasd"](
-            cfg.spec_beta, cfg.cmasd_tau_base, cfg.cmasd_gamma, cfg.cmasd_tau_schedule
-        )
-    return controller, acceptance, confidence
-
-
-def load_drafter(path: str, task, like=None):
-    """Load a Spec-Drafter checkpoint for ``task`` (the verifier's task), in eval mode,
-    on the device and dtype of the tensor ``like`` (e.g. a verifier parameter)."""
+def load_drafter_model(path: str, task, like: Optional[torch.Tensor] = None):
+    """The fairseq model of the drafter checkpoint ``path``, built with ``task`` (the
+    verifier's), in eval mode, on the device and dtype of ``like`` (a verifier
+    parameter). Its vocabulary must have the size of the verifier's dictionary."""
     require_checkpoint(path, "--drafter-path")
     allow_fairseq_checkpoints()
-    models, _ = checkpoint_utils.load_model_ensemble([path], task=task)
-    drafter = models[0]
-    if not hasattr(drafter, "drafting"):
+    state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    rows = state["model"].get("decoder.embed_tokens.weight")
+    size = len(task.target_dictionary)
+    if rows is not None and rows.size(0) != size:
         raise ValueError(
-            f"--drafter-path {path}: not a Spec-Drafter checkpoint (it holds a {type(drafter).__name__})"
+            f"--drafter-path {path}: drafter dictionary ({rows.size(0)} symbols) differs from the verifier's "
+            f"({size} symbols): train the drafter on data binarized with the verifier's dictionary"
         )
+    model_cfg = state["cfg"].model
+    model = task.build_model(model_cfg, from_checkpoint=True)
+    model.load_state_dict(state["model"], strict=True, model_cfg=model_cfg)
     if like is not None:
-        drafter = drafter.to(like)
-    return drafter.eval()
+        model = model.to(like)
+    return model.eval()
 
 
-def build_speculative_generator(models, drafter, tgt_dict, gen_cfg, cfg: SpeculativeDecodingConfig, log_stats=True):
-    """A ``SpeculativeGenerator`` for ``models[0]`` (the verifier) and ``drafter``."""
+def drafter_kind(model, requested: str, path: str) -> type:
+    """The drafter class of ``--drafter-kind`` for ``model``, or the one its class implies."""
+    if requested == AUTO:
+        for kind in DRAFTER_KINDS.values():
+            if isinstance(model, kind.model_class):
+                return kind
+        raise ValueError(
+            f"--drafter-path {path}: holds a {type(model).__name__}, which no drafter kind drafts with "
+            f"({', '.join(f'{n}: {k.model_class.__name__}' for n, k in DRAFTER_KINDS.items())})"
+        )
+    kind = DRAFTER_KINDS[requested]
+    if not isinstance(model, kind.model_class):
+        raise ValueError(
+            f"--drafter-kind {requested}: {path} holds a {type(model).__name__}, not a {kind.model_class.__name__}"
+        )
+    return kind
+
+
+def check_dictionary(model, dictionary) -> None:
+    """Refuse a drafter whose dictionary is not the verifier's: by the digest cmasd's own
+    drafter models keep, by size for any other fairseq model."""
+    if isinstance(model, DrafterOfVerifier):
+        model.check_dictionary(dictionary)
+        return
+    size = model.decoder.embed_tokens.num_embeddings
+    if size != len(dictionary):
+        raise ValueError(
+            f"drafter dictionary ({size} symbols) differs from the verifier's ({len(dictionary)} symbols): "
+            "train the drafter on data binarized with the verifier's dictionary"
+        )
+
+
+def build_parts(cfg: SpeculativeDecodingConfig, limit: Optional[int]):
+    """The controller, acceptance rule and confidence score the options name, for a
+    drafter that drafts at most ``limit`` tokens per pass (None: no limit)."""
+    controller = CONTROLLERS[cfg.spec_controller].from_config(cfg, limit)
+    acceptance = ACCEPTANCE_RULES[cfg.spec_acceptance].from_config(cfg)
+    return controller, acceptance, ConfidenceSpec.from_config(cfg)
+
+
+def build_drafter(model, kind: Optional[type], verifier, task, cfg: SpeculativeDecodingConfig, kernels: str,
+                  horizon: int) -> Drafter:
+    """The drafter of the options: the lookups in front (history, then source) of the
+    model drafter (or of nothing, without ``model``)."""
+    if horizon == 0:
+        return Nothing()
+    drafter: Drafter = Nothing() if model is None else kind.from_model(model, verifier, cfg, kernels, horizon)
+    if cfg.spec_source_ngram:
+        if task.source_dictionary.symbols != task.target_dictionary.symbols:
+            raise ValueError("--spec-source-ngram: the source and target dictionaries differ; source lookups need a "
+                             "joined dictionary (fairseq-preprocess --joined-dictionary)")
+        tgt = task.target_dictionary
+        drafter = Fallback(SourceNgram(cfg.spec_source_ngram, tgt.pad(), tgt.eos(), tgt.bos()), drafter)
+    if cfg.spec_history_ngram:
+        drafter = Fallback(HistoryNgram(cfg.spec_history_ngram), drafter)
+    return drafter
+
+
+def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: SpeculativeDecodingConfig,
+                                log_stats: bool = True, seed: int = 1) -> SpeculativeGenerator:
+    """A ``SpeculativeGenerator`` for ``models[0]`` (the verifier) and the drafter
+    model ``drafter_model`` (None: lookups alone, or with none the verifier alone through
+    the same loop), with the dictionaries of ``task``."""
     if len(models) != 1:
         raise ValueError(f"speculative generation verifies with one model, got an ensemble of {len(models)}")
+    for option, n in (("--spec-history-ngram", cfg.spec_history_ngram), ("--spec-source-ngram", cfg.spec_source_ngram)):
+        if n < 0:
+            raise ValueError(f"{option}: must be >= 0 (0: off), got {n}")
     refuse_unsupported(gen_cfg)
-    drafter.check_dictionary(tgt_dict)
-    verifier = models[0]
+    verifier, tgt_dict = models[0], task.target_dictionary
+    kind = None
+    if drafter_model is not None:
+        kind = drafter_kind(drafter_model, cfg.drafter_kind, cfg.drafter_path)
+        check_dictionary(drafter_model, tgt_dict)
+    elif cfg.drafter_kind != AUTO:
+        raise ValueError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
     kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
-    controller, acceptance, confidence = build_parts(cfg, drafter.block_size)
-    draft_block = drafter.block_size if cfg.spec_draft_block is None else cfg.spec_draft_block
-    if not max(controller.horizon, 1) <= draft_block <= drafter.block_size:
-        raise ValueError(
-            f"--spec-draft-block: must be in [{max(controller.horizon, 1)}, {drafter.block_size}] (the draft "
-            f"length the controller can send .. the drafter's block), got {draft_block}"
-        )
+    controller, acceptance, confidence = build_parts(cfg, None if kind is None else kind.horizon_limit(drafter_model))
+    drafter = build_drafter(drafter_model, kind, verifier, task, cfg, kernels, controller.horizon)
+    max_positions = verifier.max_decoder_positions()
+    if drafter_model is not None:
+        max_positions = min(max_positions, drafter_model.max_decoder_positions())
     rules = LengthRules(
         max_len_a=gen_cfg.max_len_a,
         max_len_b=gen_cfg.max_len_b,
         min_len=gen_cfg.min_len,
-        max_positions=min(verifier.max_decoder_positions(), drafter.max_decoder_positions()),
+        max_positions=max_positions,
         unk_penalty=gen_cfg.unkpen,
         len_penalty=gen_cfg.lenpen,
         normalize_scores=not gen_cfg.unnormalized,
     )
-    drafting = drafter.drafting("int8" if cfg.spec_drafter_quantize == "int8" else kernels)
-    generator = SpeculativeGenerator(
-        verifier, drafting, tgt_dict, controller, acceptance, confidence, rules, draft_block=draft_block, kernels=kernels,
-        history_ngram=cfg.spec_history_ngram,
-    )
+    generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
+                                     kernels=kernels, seed=seed)
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.
         atexit.register(lambda: generator.stats.sentences and logger.info(generator.stats.format()))

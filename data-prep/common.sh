@@ -6,7 +6,7 @@
 # Provides
 #   CMASD_ROOT                repository root (resolved from this file's location)
 #   PY                        python: $CMASD_PYTHON, else <root>/.venv/bin/python, else python3
-#   PREP                      array: "$PY" <root>/cmasd/prep.py (the cmasd-prep tool, run as a
+#   PREP                      array: "$PY" <root>/cmasd/tools/prep.py (the cmasd-prep tool, run as a
 #                             file so that the package's __init__ is never imported)
 #   log MSG...                progress on stderr, "[cmasd prep] MSG"
 #   die MSG...                error on stderr, exit 1
@@ -32,6 +32,10 @@
 #   summarize DEST            print the sentence counts of every binarized split
 #   parse_common_option ARGS  the options every translation recipe shares (see COMMON_OPTIONS_HELP)
 #   finish_recipe             vocabulary, encoding, filtering, binarization, extra test sets
+#   verifier_width CKPT       the embedding width of a verifier checkpoint (dies when unreadable)
+#   drafter_device_options    sets array DEVICE_OPTIONS: --cpu without CUDA, and
+#                             --drafter-bf16-autocast on a CPU with native bfloat16 (not with
+#                             CMASD_DRAFTER_FP32=1)
 
 set -euo pipefail
 
@@ -50,7 +54,7 @@ else
   PY="python3"
 fi
 command -v "$PY" >/dev/null 2>&1 || die "python not found: $PY (set CMASD_PYTHON)"
-PREP=("$PY" "$CMASD_ROOT/cmasd/prep.py")
+PREP=("$PY" "$CMASD_ROOT/cmasd/tools/prep.py")
 
 # fairseq_tool NAME: sets the array FAIRSEQ_CMD to run fairseq-NAME.  Looks next to the
 # chosen python first (so CMASD_PYTHON=/some/env/bin/python picks that env's fairseq), then
@@ -67,6 +71,33 @@ fairseq_tool() {
   "$PY" -c "import fairseq_cli.$name" >/dev/null 2>&1 \
     || die "fairseq-$name not found (install fairseq into $PY's environment, or set CMASD_PYTHON)"
   FAIRSEQ_CMD=("$PY" -m "fairseq_cli.$name")
+}
+
+# ------------------------------------------------------------------ drafter training
+
+verifier_width() {
+  PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$1" <<'EOF' || die "cannot read the verifier checkpoint $1"
+import sys
+import torch
+from cmasd.checkpoint import allow_fairseq_checkpoints
+allow_fairseq_checkpoints()
+try:
+    state = torch.load(sys.argv[1], map_location="cpu")
+    print(state["model"]["decoder.embed_tokens.weight"].size(1))
+except Exception as e:  # one message, not a traceback; the caller adds its own line
+    sys.exit(f"{type(e).__name__}: {e}")
+EOF
+}
+
+drafter_device_options() {
+  DEVICE_OPTIONS=()
+  "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE_OPTIONS=(--cpu)
+  # mixed precision on a CPU with native bfloat16 (about twice the updates per hour)
+  if [[ -n "${DEVICE_OPTIONS[*]-}" && "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
+    "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
+    DEVICE_OPTIONS+=(--drafter-bf16-autocast)
+    log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
+  fi
 }
 
 # ------------------------------------------------------------------ paths, checks

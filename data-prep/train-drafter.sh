@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train a Spec-Drafter (cmasd.drafter) for a verifier with stock fairseq-train.
+# Train a Spec-Drafter (cmasd.models.spec_drafter) for a verifier with stock fairseq-train.
 # Run with --help for the recipe.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -57,31 +57,12 @@ compgen -G "$DATA/valid*.idx" >/dev/null || die "$DATA has no binarized valid sp
 VERIFIER="$(abs_path "$VERIFIER")"
 
 # The arch name follows the verifier's width (the dimensions themselves always do).
-WIDTH="$(PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$VERIFIER" <<'EOF'
-import sys
-import torch
-from cmasd.checkpoint import allow_fairseq_checkpoints
-allow_fairseq_checkpoints()
-try:
-    state = torch.load(sys.argv[1], map_location="cpu")
-    print(state["model"]["decoder.embed_tokens.weight"].size(1))
-except Exception as e:  # one message, not a traceback; the script adds its own line
-    sys.exit(f"{type(e).__name__}: {e}")
-EOF
-)" || die "cannot read the verifier checkpoint $VERIFIER"
+WIDTH="$(verifier_width "$VERIFIER")"
 if (( WIDTH <= 256 )); then ARCH=spec_drafter_compact; else ARCH=spec_drafter_base; fi
-
-DEVICE=()
-"$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=(--cpu)
-# mixed precision on a CPU with native bfloat16 (about twice the updates per hour)
-if [[ -n "${DEVICE[*]-}" && "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
-  "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
-  DEVICE+=(--drafter-bf16-autocast)
-  log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
-fi
+drafter_device_options
 
 fairseq_tool train
-log "drafter for $VERIFIER (width $WIDTH, $ARCH) on $DATA${DEVICE:+ (CPU)}"
+log "drafter for $VERIFIER (width $WIDTH, $ARCH) on $DATA"
 exec "${FAIRSEQ_CMD[@]}" "$DATA" \
   --user-dir "$CMASD_ROOT/fairseq_plugins" \
   --task translation_speculative --drafter-cuts 4 \
@@ -94,4 +75,4 @@ exec "${FAIRSEQ_CMD[@]}" "$DATA" \
   --skip-invalid-size-inputs-valid-test \
   --save-dir "$CMASD_ROOT/checkpoints/drafter-$NAME" \
   --log-format simple --log-interval 50 \
-  ${DEVICE[@]+"${DEVICE[@]}"} "$@"
+  ${DEVICE_OPTIONS[@]+"${DEVICE_OPTIONS[@]}"} "$@"

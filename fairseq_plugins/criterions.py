@@ -1,7 +1,7 @@
-"""Registers the ``spec_drafter_loss`` criterion (``cmasd.criterion``)."""
+"""Registers the ``spec_drafter_loss`` criterion (``cmasd.training.criterion``)."""
 
 from fairseq.criterions import register_criterion
 
-from cmasd.criterion import SpecDrafterLoss, SpecDrafterLossConfig
+from cmasd.training.criterion import SpecDrafterLoss, SpecDrafterLossConfig
 
 register_criterion("spec_drafter_loss", dataclass=SpecDrafterLossConfig)(SpecDrafterLoss)

@@ -1,10 +1,13 @@
-"""Registers the Spec-Drafter model (``cmasd.drafter``) and its architectures."""
+"""Registers the drafter models: the Spec-Drafter (``cmasd.models.spec_drafter``) and the
+autoregressive draft model (``cmasd.models.ar_drafter``), with their architectures."""
 
 from fairseq.models import register_model, register_model_architecture
 
-from cmasd.drafter import SpecDrafterConfig, SpecDrafterModel
+from cmasd.models.ar_drafter import ARDrafterConfig, ARDrafterModel
+from cmasd.models.spec_drafter import SpecDrafterConfig, SpecDrafterModel
 
 register_model("spec_drafter", dataclass=SpecDrafterConfig)(SpecDrafterModel)
+register_model("ar_drafter", dataclass=ARDrafterConfig)(ARDrafterModel)
 
 
 @register_model_architecture("spec_drafter", "spec_drafter_base")
@@ -19,3 +22,9 @@ def spec_drafter_compact(cfg):
     """Drafter of a compact verifier (e.g. 256/1024, 4 heads): the same recipe as
     ``spec_drafter_base`` (2 decoder layers at the verifier's width); the name only
     documents which verifier a recipe pairs it with."""
+
+
+@register_model_architecture("ar_drafter", "ar_drafter_1l")
+def ar_drafter_1l(cfg):
+    """Autoregressive draft model with the verifier's frozen encoder and a 1-layer decoder
+    at the verifier's width (the dataclass defaults); dimensions follow the verifier."""

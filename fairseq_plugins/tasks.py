@@ -1,7 +1,7 @@
-"""Registers the ``translation_speculative`` task (``cmasd.task``)."""
+"""Registers the ``translation_speculative`` task (``cmasd.training.task``)."""
 
 from fairseq.tasks import register_task
 
-from cmasd.task import TranslationSpeculativeConfig, TranslationSpeculativeTask
+from cmasd.training.task import TranslationSpeculativeConfig, TranslationSpeculativeTask
 
 register_task("translation_speculative", dataclass=TranslationSpeculativeConfig)(TranslationSpeculativeTask)

@@ -11,8 +11,8 @@ import matplotlib.colors
 import pytest
 from conftest import BIN, run
 
-from cmasd.bench import CONFIGS, line_styles, resolve_configs
-from cmasd.tune import pareto_front
+from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
+from cmasd.tools.tune import pareto_front
 
 BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy-native", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact",
                  "specdec-k5-exact-history", "cmasd", "cmasd-k4", "cmasd-k8", "cmasd-k8-history"]
@@ -195,7 +195,7 @@ def test_configs_parse_adhoc_definitions():
     (["/no/such/dir", "--path", "/no/such.pt", "--batch-sizes", "0"], "--batch-sizes"),
 ])
 def test_bench_errors_are_one_line(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "cmasd.bench", *argv], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv], capture_output=True, text=True)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr

@@ -8,8 +8,8 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from cmasd.kernels import packing_available
-from cmasd.kv_cache import BlockScorer
+from cmasd.decoding.kernels import packing_available
+from cmasd.decoding.cache import BlockScorer
 
 
 def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50):
@@ -136,7 +136,7 @@ def test_a_grown_cache_scores_as_a_large_one():
 def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass():
     """cmasd-bench's floor (encoder, then the block scorer over the whole right-padded
     target at once) gives fairseq's teacher-forced logits at every real position."""
-    from cmasd.bench import FloorScorer, teacher_forced_input
+    from cmasd.tools.bench.floor import FloorScorer, teacher_forced_input
 
     model, dictionary = tiny_transformer(True, False)
     eos, pad = dictionary.eos(), dictionary.pad()

@@ -12,9 +12,11 @@ import torch
 from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from cmasd.criterion import accepted_lengths, block_labels, glance_tokens, glat_ratio, parse_glat_schedule
-from cmasd.drafter import SpecDrafterConfig, SpecDrafterModel, verifier_arch
-from cmasd.task import BlockCutDataset, fixed_cuts, random_cuts
+from cmasd.training.criterion import accepted_lengths, block_labels, glance_tokens, glat_ratio, parse_glat_schedule
+from cmasd.drafters.spec_drafter import SpecDrafter
+from cmasd.models.spec_drafter import SpecDrafterConfig, SpecDrafterModel
+from cmasd.models.verifier import verifier_arch
+from cmasd.training.task import BlockCutDataset, fixed_cuts, random_cuts
 
 BLOCK = 4
 WORDS = 20
@@ -160,25 +162,25 @@ def test_slot_groups_are_independent():
 
 
 def draft_from_scratch(drafter, encoder_out, tokens, lengths):
-    drafting = drafter.drafting()
-    state = drafting.start(encoder_out, tokens.size(1) + 1)
-    return drafting.draft(state, tokens, lengths)[0]
+    drafting = SpecDrafter(drafter)
+    state = drafting.start_cache(encoder_out, tokens.size(1) + 1)
+    return drafting.logits(state, tokens, lengths)[0]
 
 
 @pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
 def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normalize_before):
     drafter, verifier, dictionary = tiny_drafter(learned_pos, normalize_before)
-    drafting = drafter.drafting()
+    drafting = SpecDrafter(drafter)
     gen = torch.Generator().manual_seed(3)
     bsz, capacity = 3, 16
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
     full = sequences(dictionary, gen, bsz, capacity)  # what the rows will have accepted
     lengths = torch.ones(bsz, dtype=torch.long)
-    state = drafting.start(encoder_out, capacity)
+    state = drafting.start_cache(encoder_out, capacity)
     growth = [[3, 1, 5], [0, 2, 1], [4, 4, 0], [1, 6, 2], [2, 0, 3]]  # ragged, some rows idle
     for step in range(len(growth) + 1):
         tokens = full.masked_fill(torch.arange(capacity)[None, :] >= lengths[:, None], dictionary.pad())
-        logits, state = drafting.draft(state, tokens, lengths)  # (B, K, V)
+        logits, state = drafting.logits(state, tokens, lengths)  # (B, K, V)
         assert logits.shape == (bsz, BLOCK, len(dictionary))
         assert torch.equal(state.cached, lengths)
         fresh = draft_from_scratch(drafter, encoder_out, tokens, lengths)
@@ -193,35 +195,35 @@ def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normal
 
 def test_a_grown_cache_drafts_as_a_large_one():
     drafter, verifier, dictionary = tiny_drafter()
-    drafting = drafter.drafting()
+    drafting = SpecDrafter(drafter)
     gen = torch.Generator().manual_seed(6)
     _, _, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     full = sequences(dictionary, gen, 2, 12)
-    state = drafting.start(encoder_out, 3)
+    state = drafting.start_cache(encoder_out, 3)
     for lengths in ([2, 3], [6, 4], [7, 11]):
         lengths = torch.tensor(lengths)
         state = state.grow(int(lengths.max()))
         assert state.capacity == int(lengths.max()) and state.kv[0].size(2) == state.capacity + 1
         tokens = full.masked_fill(torch.arange(12)[None, :] >= lengths[:, None], dictionary.pad())
-        logits, state = drafting.draft(state, tokens, lengths)
+        logits, state = drafting.logits(state, tokens, lengths)
         torch.testing.assert_close(logits, draft_from_scratch(drafter, encoder_out, tokens, lengths), rtol=0, atol=1e-5)
     assert state.grow(5) is state  # never shrinks
 
 
 def test_row_selection_keeps_rows_consistent():
     drafter, verifier, dictionary = tiny_drafter()
-    drafting = drafter.drafting()
+    drafting = SpecDrafter(drafter)
     gen = torch.Generator().manual_seed(4)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 3)
     tokens = sequences(dictionary, gen, 3, 10)
     lengths = torch.tensor([4, 2, 6])
-    state = drafting.start(encoder_out, 10)
-    _, state = drafting.draft(state, tokens, lengths)
+    state = drafting.start_cache(encoder_out, 10)
+    _, state = drafting.logits(state, tokens, lengths)
     keep = torch.tensor([2, 0])
     state = state.select(keep)
     assert state.cached.tolist() == [6, 4] and state.kv[0].size(0) == 2
     tokens, lengths = tokens[keep], torch.tensor([8, 5])
-    logits, _ = drafting.draft(state, tokens, lengths)
+    logits, _ = drafting.logits(state, tokens, lengths)
     fresh = draft_from_scratch(drafter, {k: [v[0].index_select(1 if k == "encoder_out" else 0, keep)]
                                          for k, v in encoder_out.items() if k in ("encoder_out", "encoder_padding_mask")},
                                tokens, lengths)
@@ -230,12 +232,12 @@ def test_row_selection_keeps_rows_consistent():
 
 def test_projecting_fewer_slots_keeps_their_logits():
     drafter, verifier, dictionary = tiny_drafter()
-    drafting = drafter.drafting()
+    drafting = SpecDrafter(drafter)
     gen = torch.Generator().manual_seed(5)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
-    full, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths)  # (B, K, V)
-    first, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
+    full, _ = drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths)  # (B, K, V)
+    first, _ = drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, slots=2)  # (B, 2, V)
     assert first.shape == (2, 2, full.size(-1))
     torch.testing.assert_close(first, full[:, :2], rtol=0, atol=1e-6)
 
@@ -244,29 +246,29 @@ def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
     """``block=3`` runs three mask slots, as a drafter built with block 3 would (same
     weights), and changes what they see: the slots attend to each other."""
     drafter, verifier, dictionary = tiny_drafter()
-    drafting = drafter.drafting()
+    drafting = SpecDrafter(drafter)
     gen = torch.Generator().manual_seed(6)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
-    short, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=2, block=3)  # (B, 2, V)
+    short, _ = drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, slots=2, block=3)  # (B, 2, V)
     three = copy.deepcopy(drafter)
     three.decoder.block_size = 3
-    three = three.drafting()
-    expected, _ = three.draft(three.start(encoder_out, 12), tokens, lengths)  # (B, 3, V)
+    three = SpecDrafter(three)
+    expected, _ = three.logits(three.start_cache(encoder_out, 12), tokens, lengths)  # (B, 3, V)
     torch.testing.assert_close(short, expected[:, :2], rtol=0, atol=1e-6)
-    full, _ = drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=2)
+    full, _ = drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, slots=2)
     assert not torch.allclose(short, full, atol=1e-4)
     with pytest.raises(ValueError, match="slots"):
-        drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, slots=3, block=2)
+        drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, slots=3, block=2)
     with pytest.raises(ValueError, match="k_max"):
-        drafting.draft(drafting.start(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
+        drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
 
 
 @pytest.mark.parametrize("kernels", ["packed", "int8"])
 def test_drafting_on_other_kernels_drafts_as_native(kernels):
     """Packed float32 kernels give the native logits to float tolerance; int8 weights
     give logits close to them. The model keeps its own float32 nn.Linear layers."""
-    from cmasd.kernels import Int8Linear, PackedLinear, packing_available
+    from cmasd.decoding.kernels import Int8Linear, PackedLinear, packing_available
 
     if kernels == "packed" and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")
@@ -274,14 +276,14 @@ def test_drafting_on_other_kernels_drafts_as_native(kernels):
     gen = torch.Generator().manual_seed(7)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
-    other = drafter.drafting(kernels)
+    other = SpecDrafter(drafter, kernels)
     kind = {"packed": PackedLinear, "int8": Int8Linear}[kernels]
     layer = other.decoder.layers[0]
     assert all(type(m) is kind for m in (layer.qkv, layer.self_out, layer.fc1, layer.fc2, other.decoder.output))
     assert type(drafter.decoder.layers[0].fc1) is torch.nn.Linear  # the model is untouched
-    logits, _ = other.draft(other.start(encoder_out, 12), tokens, lengths)
-    native = drafter.drafting()
-    reference, _ = native.draft(native.start(encoder_out, 12), tokens, lengths)
+    logits, _ = other.logits(other.start_cache(encoder_out, 12), tokens, lengths)
+    native = SpecDrafter(drafter)
+    reference, _ = native.logits(native.start_cache(encoder_out, 12), tokens, lengths)
     assert logits.shape == reference.shape and torch.isfinite(logits).all()
     if kernels == "packed":
         torch.testing.assert_close(logits, reference, rtol=0, atol=1e-5)
@@ -291,23 +293,23 @@ def test_drafting_on_other_kernels_drafts_as_native(kernels):
 
 def test_drafting_refuses_rollback_and_overflow():
     drafter, verifier, dictionary = tiny_drafter()
-    drafting = drafter.drafting()
+    drafting = SpecDrafter(drafter)
     gen = torch.Generator().manual_seed(5)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens = sequences(dictionary, gen, 2, 8)
-    state = drafting.start(encoder_out, 6)
-    _, state = drafting.draft(state, tokens, torch.tensor([4, 3]))
+    state = drafting.start_cache(encoder_out, 6)
+    _, state = drafting.logits(state, tokens, torch.tensor([4, 3]))
     with pytest.raises(ValueError, match="append-only"):
-        drafting.draft(state, tokens, torch.tensor([3, 3]))
+        drafting.logits(state, tokens, torch.tensor([3, 3]))
     with pytest.raises(ValueError, match="capacity 6"):
-        drafting.draft(state, tokens, torch.tensor([7, 3]))
+        drafting.logits(state, tokens, torch.tensor([7, 3]))
 
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_bf16_autocast_covers_the_training_forward_pass(autocast):
     """``--drafter-bf16-autocast``: the criterion (the model's forward pass) runs under
     bfloat16 autocast; the weights and their gradients stay float32."""
-    from cmasd.task import TranslationSpeculativeTask
+    from cmasd.training.task import TranslationSpeculativeTask
 
     class Model(torch.nn.Linear):
         def set_num_updates(self, num_updates):
@@ -450,7 +452,7 @@ def test_glancing_and_acceptance_counts():
 def test_criterion_glances_in_training_and_counts_blocks_in_validation():
     from fairseq import metrics
 
-    from cmasd.criterion import SpecDrafterLoss
+    from cmasd.training.criterion import SpecDrafterLoss
 
     drafter, _, dictionary = tiny_drafter()
     pad, eos = dictionary.pad(), dictionary.eos()

@@ -12,7 +12,7 @@ from conftest import BIN, PLUGINS, REPO, run
 from fairseq import checkpoint_utils
 
 import fairseq_plugins  # noqa: F401  registers the task, model and criterion
-from cmasd.criterion import block_labels
+from cmasd.training.criterion import block_labels
 
 
 @pytest.fixture(scope="module")

@@ -186,7 +186,7 @@ def compare_hyps(tmp_path, first, second, sentences):
     (tmp_path / "a.txt").write_text(first)
     (tmp_path / "b.txt").write_text(second)
     return subprocess.run(
-        [str(BIN / "python"), "-m", "cmasd.prep", "compare-hyps", "--sentences", str(sentences),
+        [str(BIN / "python"), "-m", "cmasd.tools.prep", "compare-hyps", "--sentences", str(sentences),
          str(tmp_path / "a.txt"), str(tmp_path / "b.txt")],
         capture_output=True, text=True, cwd=REPO, env=tool_env())
 

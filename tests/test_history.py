@@ -1,11 +1,20 @@
-"""Drafting from a row's own history (cmasd.history, --spec-history-ngram): hand-made
-rows, the continuation of the latest earlier occurrence of the suffix, continued
-periodically."""
+"""Drafting from a row's own history (cmasd.drafters.ngram.HistoryNgram,
+--spec-history-ngram): hand-made rows, the continuation of the latest earlier occurrence
+of the suffix, continued periodically."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from cmasd.history import repeated_continuation
+from cmasd.drafters.base import STATELESS, DraftRequest
+from cmasd.drafters.ngram import HistoryNgram
+
+
+def repeated_continuation(tokens, lengths, n, width):
+    """The history drafter's tokens (B, width) and whether each row was served (B,)."""
+    draft, _ = HistoryNgram(n).draft(STATELESS, tokens, lengths, DraftRequest(width))
+    return SimpleNamespace(tokens=draft.tokens, found=draft.valid > 0)
 
 BOS, PAD, A, B, C, D = 2, 1, 10, 11, 12, 13
 
@@ -56,6 +65,5 @@ def test_unigram_history():
 
 
 def test_n_must_be_positive():
-    tokens, lengths = rows([BOS, A])
     with pytest.raises(ValueError, match="--spec-history-ngram"):
-        repeated_continuation(tokens, lengths, n=0, width=2)
+        HistoryNgram(0)

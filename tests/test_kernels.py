@@ -1,5 +1,5 @@
-"""Decoding kernels (cmasd.kernels) and the layers prepared for decoding
-(cmasd.attention.DecodingLayer): the same arithmetic as nn.Linear and as the fairseq
+"""Decoding kernels (cmasd.decoding.kernels) and the layers prepared for decoding
+(cmasd.decoding.attention.DecodingLayer): the same arithmetic as nn.Linear and as the fairseq
 layer they are built from, to float tolerance; which kernels --spec-kernels picks."""
 
 import math
@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cmasd.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
-from cmasd.kernels import Int8Linear, NativeLinear, PackedLinear, packing_available, prepared_linear, resolve_kernels
+from cmasd.decoding.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
+from cmasd.decoding.kernels import Int8Linear, NativeLinear, PackedLinear, packing_available, prepared_linear, resolve_kernels
 from test_block_scoring import tiny_transformer
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")

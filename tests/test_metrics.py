@@ -2,7 +2,7 @@
 
 import torch
 
-from cmasd.metrics import DecodeStats
+from cmasd.decoding.stats import DecodeStats
 
 
 def test_statistics_of_two_iterations():

@@ -6,14 +6,16 @@ import math
 import pytest
 import torch
 
-from cmasd.acceptance import ACCEPTANCE_RULES, Proposal, adaptive_tau, leading_accepted
-from cmasd.confidence import (
+from cmasd.drafters.base import Draft
+from cmasd.verification.acceptance import ACCEPTANCE_RULES, adaptive_tau, leading_accepted
+from cmasd.verification.base import Proposal
+from cmasd.verification.confidence import (
     ConfidenceSpec,
     entropy_confidence,
     logit_margin_confidence,
     softmax_margin_confidence,
 )
-from cmasd.controllers import CONTROLLERS, ConfidenceScaled, Fixed
+from cmasd.verification.controllers import CONTROLLERS, ConfidenceScaled, Fixed
 
 V = 4
 
@@ -68,22 +70,28 @@ def test_confidence_options_are_validated(kwargs, option):
         ConfidenceSpec(**kwargs)
 
 
+def propose(controller, confidence):
+    """The controller's draft lengths for drafts of this confidence (B, H)."""
+    draft = Draft(torch.zeros(confidence.shape, dtype=torch.long), confidence=confidence)
+    return controller.propose(controller.start(confidence.size(0), confidence.device), draft)
+
+
 def test_cmasd_draft_length_at_its_clips():
-    controller = ConfidenceScaled(k_min=2, k_max=10, alpha=0.5, block=25)
+    controller = ConfidenceScaled(k_min=2, k_max=10, alpha=0.5, limit=25)
     confidence = torch.tensor([[1.0] * 25, [0.0] * 25, [0.9] * 25, [0.3] * 10 + [1.0] * 15])
     # floor(0.5 * C * 10): 5, 0 -> k_min 2, 4, 1 -> k_min 2 (only the first k_max count)
-    assert controller.propose(confidence).tolist() == [5, 2, 4, 2]
-    full = ConfidenceScaled(k_min=1, k_max=25, alpha=1.0, block=25)
-    assert full.propose(torch.ones(1, 25)).tolist() == [25]
+    assert propose(controller, confidence).tolist() == [5, 2, 4, 2]
+    full = ConfidenceScaled(k_min=1, k_max=25, alpha=1.0, limit=25)
+    assert propose(full, torch.ones(1, 25)).tolist() == [25]
 
 
 @pytest.mark.parametrize(
     "args, option",
     [
-        (dict(k_min=5, k_max=4, alpha=1.0, block=25), "--spec-k-min"),
-        (dict(k_min=1, k_max=30, alpha=1.0, block=25), "--spec-k-max"),
-        (dict(k_min=1, k_max=10, alpha=0.0, block=25), "--cmasd-alpha"),
-        (dict(k_min=1, k_max=10, alpha=1.5, block=25), "--cmasd-alpha"),
+        (dict(k_min=5, k_max=4, alpha=1.0, limit=25), "--spec-k-min"),
+        (dict(k_min=1, k_max=30, alpha=1.0, limit=25), "--spec-k-max"),
+        (dict(k_min=1, k_max=10, alpha=0.0, limit=25), "--cmasd-alpha"),
+        (dict(k_min=1, k_max=10, alpha=1.5, limit=25), "--cmasd-alpha"),
     ],
 )
 def test_controller_options_are_validated(args, option):
@@ -100,7 +108,14 @@ def test_fixed_k_must_fit_the_block(k):
 def test_fixed_k_zero_drafts_nothing():
     controller = Fixed(0, 25)
     assert controller.horizon == 0
-    assert controller.propose(torch.zeros(3, 0)).tolist() == [0, 0, 0]
+    assert propose(controller, torch.zeros(3, 0)).tolist() == [0, 0, 0]
+
+
+def test_without_a_block_only_the_lower_bounds_apply():
+    assert Fixed(40, None).horizon == 40
+    with pytest.raises(ValueError, match=r"--spec-k: must be >= 0, got -1"):
+        Fixed(-1, None)
+    assert ConfidenceScaled(k_min=1, k_max=30, alpha=1.0, limit=None).horizon == 30
 
 
 def test_tau_schedules_at_the_ends():
@@ -228,7 +243,8 @@ def test_every_controller_has_a_test_constructor():
 def test_controller_contract(name):
     controller = CONTROLLER_CASES[name]()
     assert 1 <= controller.horizon <= 25
-    k = controller.propose(torch.rand(7, controller.horizon))
+    k = propose(controller, torch.rand(7, controller.horizon))
     assert k.shape == (7,) and k.dtype == torch.long
     assert ((k >= 1) & (k <= controller.horizon)).all()
-    controller.observe(k, torch.zeros_like(k))
+    state = controller.observe(controller.start(7, k.device), k, torch.zeros_like(k))
+    assert state.select(torch.tensor([0, 3])) is not None

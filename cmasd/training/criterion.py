@@ -1,10 +1,10 @@
 """``spec_drafter_loss``: label-smoothed cross-entropy of the Spec-Drafter's blocks,
 with optional glancing, and block-acceptance figures for validation.
 
-The drafter (``cmasd.drafter``) is trained to imitate the verifier block-wise: at each
+The drafter (``cmasd.models.spec_drafter``) is trained to imitate the verifier block-wise: at each
 cut point ``c`` of a (reference or distilled) target it predicts ``y_c .. y_{c+k_max-1}``
 in one pass (CM-ASD Sec. III-A step (1)). Labels past the target's eos are pad and
-carry no loss (see ``cmasd.task``). Registered in ``fairseq_plugins/criterions.py``.
+carry no loss (see ``cmasd.training.task``). Registered in ``fairseq_plugins/criterions.py``.
 
 Glancing (GLAT, Qian et al., 2021), optional: a first pass without gradients predicts
 every block; in each block ``floor(ratio * wrong)`` of its labelled positions, chosen

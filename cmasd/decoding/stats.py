@@ -1,11 +1,14 @@
-"""Decoding statistics of the speculative generator, accumulated over batches."""
+"""Decoding statistics of the speculative generator: one record per ``decode`` call,
+added up over a run."""
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Mapping, Optional
 
 import torch
 from torch import Tensor
+
+LOOKUPS = ("history", "source")  # the lookup drafters (cmasd.drafters.ngram), reported even when unused
 
 
 @dataclass
@@ -26,7 +29,7 @@ class DecodeStats:
     rollbacks: int = 0  # row-iterations that rejected at least one drafted token
     confidence_sum: float = 0.0  # mean drafter confidence of the sent block, summed
     confidence_rows: int = 0  # row-iterations whose confidence was computed
-    history_rows: int = 0  # row-iterations that drafted from the row's own history (--spec-history-ngram)
+    lookup_rows: Counter = field(default_factory=Counter)  # lookup name -> row-iterations it drafted
     draft_seconds: float = 0.0  # drafter pass, confidence, controller
     verify_seconds: float = 0.0  # verifier pass over the block, fairseq's length/score rules
     bookkeeping_seconds: float = 0.0  # acceptance, appending, these statistics, dropping rows, growing caches
@@ -34,17 +37,21 @@ class DecodeStats:
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
 
-    def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor]) -> None:
+    def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor],
+                served: Mapping[str, Tensor] = {}) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
         and mean confidence of the drafted block (all (B,); the confidence None where
-        no part of the decoder needed it). A few host transfers per iteration, not a few per
-        drafted position."""
+        no part of the decoder needed it); ``served``: the rows each lookup drafted. A few
+        host transfers per iteration, not a few per drafted position."""
         width = int(k.max()) if k.numel() else 0
         position = torch.arange(width, device=k.device)  # (W,)
         sent = (k[:, None] > position).sum(dim=0)  # (W,) rows that sent a draft at each position
         kept = (accepted[:, None] > position).sum(dim=0)  # (W,) rows that accepted it
-        counts = torch.stack([gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum()])  # (4,)
+        counts = torch.stack(
+            [gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum()] + [rows.sum() for rows in served.values()]
+        )  # (4 + lookups,)
         counts, sent, kept, ks = (t.tolist() for t in (counts, sent, kept, k))
+        self.lookup_rows.update(dict(zip(served, counts[4:])))
         self.iterations += len(ks)
         self.batch_iterations += 1
         self.tokens += counts[0]
@@ -63,6 +70,17 @@ class DecodeStats:
             self.position_sent[i] += sent[i]
             self.position_accepted[i] += kept[i]
 
+    def add(self, other: "DecodeStats") -> None:
+        """Add ``other``'s counts and times to these (the statistics of a run of calls)."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                longer = max(len(mine), len(theirs))
+                setattr(self, f.name, [a + b for a, b in zip(mine + [0] * (longer - len(mine)),
+                                                              theirs + [0] * (longer - len(theirs)))])
+            else:
+                setattr(self, f.name, mine + theirs)
+
     def summary(self) -> Dict[str, object]:
         """The figures users report, as a flat dictionary."""
         its = max(self.iterations, 1)
@@ -77,7 +95,7 @@ class DecodeStats:
             "rollback_rate": self.rollbacks / its,
             "mean_k": self.drafted / its,
             "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
-            "history_draft_rate": self.history_rows / its,
+            **{f"{name}_draft_rate": self.lookup_rows[name] / its for name in sorted({*LOOKUPS, *self.lookup_rows})},
             "draft_ms_per_iteration": 1000.0 * self.draft_seconds / batch_its,
             "verify_ms_per_iteration": 1000.0 * self.verify_seconds / batch_its,
             "bookkeeping_ms_per_iteration": 1000.0 * self.bookkeeping_seconds / batch_its,
@@ -91,14 +109,17 @@ class DecodeStats:
         """One log line."""
         s = self.summary()
         mean_confidence = "n/a" if s["mean_confidence"] is None else f"{s['mean_confidence']:.3f}"
+        lookups = ", ".join(
+            f"drafted from {name} {100 * s[f'{name}_draft_rate']:.1f}% of iterations"
+            for name in sorted({*LOOKUPS, *self.lookup_rows})
+        )
         return (
             f"speculative decoding: {s['sentences']} sentences, {s['tokens']} tokens, "
             f"{s['iterations']} row-iterations ({s['verifier_passes']} verifier passes), "
             f"mean accepted tokens/iteration {s['mean_accepted_tokens']:.3f}, "
             f"draft acceptance {100 * s['acceptance_rate']:.1f}%, "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
-            f"mean confidence {mean_confidence}, "
-            f"drafted from history {100 * s['history_draft_rate']:.1f}% of iterations, "
+            f"mean confidence {mean_confidence}, {lookups}, "
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
             f"{s['verify_ms_per_iteration']:.2f} ms + bookkeeping "
             f"{s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, "

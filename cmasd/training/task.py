@@ -1,10 +1,11 @@
 """The ``translation_speculative`` task: fairseq's translation task, plus
 
 * drafter training data: every target gets ``--drafter-cuts`` cut points, the places
-  where the Spec-Drafter (``cmasd.drafter``) is asked to draft a block;
-* speculative generation: with ``--drafter-path``, ``build_generator`` returns
-  ``cmasd.generator.SpeculativeGenerator`` (options in ``cmasd.options``), so that
-  ``fairseq-generate`` decodes speculatively; without it, fairseq's own generator.
+  where the Spec-Drafter (``cmasd.models.spec_drafter``) is asked to draft a block;
+* speculative generation: with a drafter (``--drafter-path``, or a lookup such as
+  ``--spec-source-ngram``), ``build_generator`` returns
+  ``cmasd.decoding.generator.SpeculativeGenerator`` (options in ``cmasd.options``), so
+  that ``fairseq-generate`` decodes speculatively; without one, fairseq's own generator.
 
 Registered in ``fairseq_plugins/tasks.py``; nothing is registered here.
 
@@ -31,8 +32,13 @@ from fairseq.data import BaseWrapperDataset
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from cmasd.drafter import SpecDrafterModel
-from cmasd.options import SpeculativeDecodingConfig, build_speculative_generator, load_drafter
+from cmasd.models.verifier import DrafterOfVerifier
+from cmasd.options import (
+    SpeculativeDecodingConfig,
+    build_speculative_generator,
+    is_speculative,
+    load_drafter_model,
+)
 
 
 def random_cuts(length: int, cuts: int, seed: int, epoch: int, index: int) -> np.ndarray:
@@ -125,8 +131,8 @@ class TranslationSpeculativeTask(TranslationTask):
         copied back here into ``cfg``, the object fairseq-train saves in checkpoints,
         so that a trained drafter loads without its verifier file."""
         model = super().build_model(cfg, from_checkpoint)
-        if isinstance(model, SpecDrafterModel) and not cfg.verifier_arch:
-            cfg.verifier_arch = model.cfg.verifier_arch
+        if isinstance(model, DrafterOfVerifier) and not cfg.verifier_arch:
+            cfg.verifier_arch = model.drafter_cfg.verifier_arch
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
@@ -144,13 +150,14 @@ class TranslationSpeculativeTask(TranslationTask):
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        """The speculative generator when ``--drafter-path`` is given (verifier =
-        ``models[0]``, checked against ``args``, fairseq's generation options), else
-        fairseq's own, as ``tasks/translation_lev.py`` plugs in its generator."""
-        if not self.cfg.drafter_path:
+        """The speculative generator when a drafter is named (verifier = ``models[0]``,
+        checked against ``args``, fairseq's generation options), else fairseq's own, as
+        ``tasks/translation_lev.py`` plugs in its generator."""
+        if not is_speculative(self.cfg):
             return super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             )
-        like = next(models[0].parameters())
-        drafter = load_drafter(self.cfg.drafter_path, self, like=like)
-        return build_speculative_generator(models, drafter, self.target_dictionary, args, self.cfg)
+        drafter = None
+        if self.cfg.drafter_path:
+            drafter = load_drafter_model(self.cfg.drafter_path, self, like=next(models[0].parameters()))
+        return build_speculative_generator(models, drafter, self, args, self.cfg, seed=self.cfg.seed)

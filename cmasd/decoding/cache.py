@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from cmasd.attention import DecodingDecoder, additive_mask
+from cmasd.decoding.attention import DecodingDecoder, additive_mask
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,18 @@ class BlockScorer:
     sequence positions ``start[b] .. start[b] + n - 1``, attending to the row's
     cached prefix and causally among themselves. Equal, to float tolerance, to
     feeding the same tokens one at a time through fairseq's incremental decoder.
-    ``kernels`` (``cmasd.kernels``): native or packed; the scorer runs a
-    ``DecodingDecoder`` copy of the decoder's weights, built here once.
+    ``kernels`` (``cmasd.decoding.kernels``): the scorer runs a ``DecodingDecoder`` copy
+    of the decoder's weights, built here once. The verifier scores with it (native or
+    packed kernels), and so does an autoregressive draft model (int8 too).
+
+    Positions past the decoder's maximum share its last position embedding: only a
+    draft model drafting beyond what fairseq would ever generate reaches them.
     """
 
     def __init__(self, decoder, kernels: str = "native"):
-        if kernels not in ("native", "packed"):
-            raise ValueError(f"the verifier runs native or packed kernels, not {kernels!r}")
         self.decoder = DecodingDecoder(decoder, kernels)
         self.padding_idx = decoder.padding_idx
+        self.last_position = decoder.padding_idx + decoder.max_positions()
 
     def start(self, encoder_out: dict, capacity: int) -> VerifierCache:
         """Empty caches for a batch, from fairseq's encoder output dictionary."""
@@ -106,7 +109,7 @@ class BlockScorer:
         dec = self.decoder
         offsets = torch.arange(n, device=tokens.device)
         index = start[:, None] + offsets[None, :]  # (B, n) sequence positions
-        x = dec.embed(tokens, index + self.padding_idx + 1)  # (B, n, C)
+        x = dec.embed(tokens, (index + self.padding_idx + 1).clamp(max=self.last_position))  # (B, n, C)
 
         used = int(index.max()) + 1
         if used > cache.capacity:

@@ -24,8 +24,8 @@ import logging
 import os
 from typing import Any, Dict, List, Sequence
 
-from cmasd import bench
-from cmasd.bench import BenchConfig, BenchError
+from cmasd.tools import bench
+from cmasd.tools.bench.configs import BenchConfig, BenchError
 
 PROG = "cmasd-tune"
 logger = logging.getLogger("cmasd.tune")
@@ -87,7 +87,8 @@ def point_name(point: Dict[str, Any]) -> str:
 
 def point_config(point: Dict[str, Any]) -> BenchConfig:
     """Full CM-ASD with the point's values."""
-    return BenchConfig(point_name(point), "grid point of cmasd-tune", overrides={**bench.FULL_CMASD, **point})
+    return BenchConfig(point_name(point), "grid point of cmasd-tune", overrides={**bench.FULL_CMASD, **point},
+                       drafter="spec")
 
 
 def dominates(a: Dict[str, Any], b: Dict[str, Any], quality: str) -> bool:
@@ -145,8 +146,8 @@ def main(args) -> None:
     tuned = {key for key, *_ in GRID} & set(global_overrides)
     if tuned:
         raise BenchError(f"--set {', '.join(sorted(tuned))}: tuned by the grid; use the grid options instead")
-    runner = bench.prepare(args, need_drafter=True)
-    points = grid_points(args, runner.setup.drafter.block_size)
+    runner = bench.prepare(args, [bench.CONFIGS["cmasd"]])  # every grid point drafts with the Spec-Drafter
+    points = grid_points(args, runner.setup.drafters["spec"].block_size)
     logger.info(f"{len(points)} grid points at batch size {args.batch_size}")
     configs = [bench.CONFIGS[bench.GREEDY]] + [point_config(p) for p in points]
     rows = bench.run_configs(runner, args, configs, [args.batch_size], global_overrides)
@@ -155,7 +156,7 @@ def main(args) -> None:
     point_rows = [r for r in rows if r["kind"] == "speculative"]
     for r in point_rows:
         r["options"] = bench.options_dict(bench.spec_options(
-            next(c for c in configs if c.name == r["config"]), global_overrides, args.drafter_path))
+            next(c for c in configs if c.name == r["config"]), global_overrides, bench.drafter_paths(args)))
     front = pareto_front(point_rows, quality)
     for r in point_rows:
         r["on_front"] = r in front

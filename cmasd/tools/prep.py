@@ -1,6 +1,6 @@
 """Text preparation helpers for the cmasd data-prep scripts.
 
-A small command-line tool (``python -m cmasd.prep SUBCOMMAND`` or the
+A small command-line tool (``python -m cmasd.tools.prep SUBCOMMAND`` or the
 ``cmasd-prep`` console script) that needs only the standard library and
 ``sentencepiece``.  The shell recipes under ``data-prep/`` call it for every
 step that touches text, so that the same rules apply to every corpus:

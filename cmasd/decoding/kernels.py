@@ -10,7 +10,7 @@ kernel PyTorch's own inductor uses for frozen CPU models) reads them faster. The
 can also run int8 weights (PyTorch dynamic quantization).
 
 ``prepared_linear`` builds one inference-only linear layer (weights copied, no
-gradients) on a chosen kernel; ``cmasd.attention.DecodingDecoder`` builds every layer
+gradients) on a chosen kernel; ``cmasd.decoding.attention.DecodingDecoder`` builds every layer
 of a decoder with it. ``native`` and ``packed`` are the same float32 arithmetic in
 other summation orders, as the block scorer's already is against fairseq's incremental
 decoder (different matrix shapes pick different kernels): scores agree to float

@@ -1,4 +1,6 @@
-"""Confidence of the drafter at each drafted position (CM-ASD, seed 000, III-B(1)).
+"""Confidence of the drafter at each drafted position (CM-ASD: Waghela et al.,
+"Confidence-Modulated Speculative Decoding for Large Language Models", arXiv:2508.15371,
+Sec. III-B(1)).
 
 Every score maps the drafter's logits z_t (..., V) to a confidence in [0, 1] (..., ),
 higher meaning more certain:
@@ -15,6 +17,7 @@ higher meaning more certain:
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable, Dict, Sequence, Tuple
 
 import torch
@@ -47,12 +50,24 @@ def softmax_margin_confidence(logits: Tensor) -> Tensor:
     return first - second
 
 
+# --cmasd-weights: entropy, logit margin, softmax margin (the paper gives no values)
+DEFAULT_WEIGHTS = "1/3,1/3,1/3"
+
+
+def parse_weights(text: str) -> Tuple[float, ...]:
+    """``--cmasd-weights``: comma-separated numbers or fractions, e.g. ``0.5,0.25,0.25`` or ``1/3,1/3,1/3``."""
+    try:
+        return tuple(float(Fraction(w.strip())) for w in str(text).split(","))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"--cmasd-weights: expected three comma-separated numbers, got {text!r}") from None
+
+
 @dataclass(frozen=True)
 class ConfidenceSpec:
     """Which score to compute, with its parameters (``--cmasd-*`` options)."""
 
     name: str = "ensemble"
-    weights: Sequence[float] = (1 / 3, 1 / 3, 1 / 3)  # entropy, logit margin, softmax margin
+    weights: Sequence[float] = parse_weights(DEFAULT_WEIGHTS)
     margin_scale: float = 1.0
     margin_rescaled: bool = False
 
@@ -70,6 +85,15 @@ class ConfidenceSpec:
             raise ValueError(f"--cmasd-weights: weights must sum to 1, got {sum(self.weights):g}")
         if self.margin_scale <= 0:
             raise ValueError(f"--cmasd-margin-scale: must be > 0, got {self.margin_scale:g}")
+
+    @classmethod
+    def from_config(cls, cfg) -> "ConfidenceSpec":
+        return cls(
+            name=cfg.cmasd_confidence,
+            weights=parse_weights(cfg.cmasd_weights),
+            margin_scale=cfg.cmasd_margin_scale,
+            margin_rescaled=cfg.cmasd_margin_rescaled,
+        )
 
     def __call__(self, logits: Tensor) -> Tensor:
         """Confidence (...,) of drafter logits (..., V)."""

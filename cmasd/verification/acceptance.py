@@ -1,29 +1,21 @@
-"""Verification rules: which drafted tokens the verifier accepts.
+"""Verification rules: which drafted tokens the verifier accepts (the contract:
+``cmasd.verification.base.AcceptanceRule``).
 
-An acceptance rule has one method, ``accept(proposal, verifier_lprobs)``, returning for
-every row the number of leading drafted tokens accepted and the verifier's next token:
-its correction at the first rejection, or the bonus token after a fully accepted block.
-``verifier_lprobs`` (B, K+1, V) holds the verifier's log-probabilities after fairseq's
-own adjustments (pad never chosen, length constraints), position i scoring the token
-that follows the last accepted token and the first i drafted tokens. Its attribute
-``uses_confidence`` says whether it reads ``proposal.confidence`` (the generator
-computes the confidence only when a part reads it).
+* ``exact``: a draft is accepted only if it is the verifier's top-1: lossless.
+* ``topk-gap``: SpecDec's Spec-Verification (Xia et al., "Speculative Decoding:
+  Exploiting Speculative Execution for Accelerating Seq2seq Generation",
+  arXiv:2203.16487): within the verifier's top-beta and at most tau below its top-1.
+* ``cmasd``: CM-ASD's confidence-modulated threshold (Waghela et al.,
+  "Confidence-Modulated Speculative Decoding for Large Language Models",
+  arXiv:2508.15371, Sec. III-B(c)).
 """
 
-from dataclasses import dataclass
 from typing import Dict, Tuple
 
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class Proposal:
-    """What the drafter sends to the verifier in one iteration."""
-
-    tokens: Tensor  # (B, K) drafted tokens
-    k: Tensor  # (B,) how many of them each row sends (<= K)
-    confidence: Tensor  # (B, K) drafter confidence of each drafted token; (B, 0) when no part reads it
+from cmasd.verification.base import AcceptanceRule, Needs, Proposal
 
 
 def leading_accepted(ok: Tensor, k: Tensor) -> Tensor:
@@ -49,40 +41,51 @@ def gap_to_top1(proposal: Tensor, verifier_lprobs: Tensor, beta: int) -> Tuple[T
     return in_top, top.values[..., 0] - draft_lprob
 
 
-class Exact:
-    """Accept a draft only if it is the verifier's top-1: output equals greedy."""
+def check_beta(beta: int) -> None:
+    if beta < 1:
+        raise ValueError(f"--spec-beta: must be >= 1, got {beta}")
+
+
+class Exact(AcceptanceRule):
+    """Accept a draft only if it is the verifier's top-1: the output equals greedy's."""
 
     lossless = True
-    uses_confidence = False
+
+    @classmethod
+    def from_config(cls, cfg) -> "Exact":
+        return cls()
 
     def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
         top1 = verifier_lprobs.argmax(dim=-1)  # (B, K+1): every position's top-1, the next token's included
-        accepted = leading_accepted(top1[:, : proposal.tokens.size(1)] == proposal.tokens, proposal.k)
+        accepted = leading_accepted(top1[:, : proposal.tokens.size(1)] == proposal.tokens, proposal.k)  # (B,)
         return accepted, top1.gather(1, accepted[:, None]).squeeze(1)
 
 
-class TopKGap:
-    """SpecDec's Spec-Verification (Xia et al., seed 000 eq. in III-A): accept a draft
-    within the verifier's top-beta whose log-likelihood gap to the top-1 is <= tau."""
-
-    lossless = False
-    uses_confidence = False
+class TopKGap(AcceptanceRule):
+    """SpecDec's Spec-Verification (CM-ASD's paper, Sec. III-A): accept a draft within
+    the verifier's top-beta whose log-likelihood gap to the top-1 is <= tau."""
 
     def __init__(self, beta: int, tau: float):
-        if beta < 1:
-            raise ValueError(f"--spec-beta: must be >= 1, got {beta}")
+        check_beta(beta)
         if tau < 0:
             raise ValueError(f"--spec-tau: must be >= 0, got {tau:g}")
         self.beta, self.tau = beta, tau
 
+    @classmethod
+    def from_config(cls, cfg) -> "TopKGap":
+        return cls(cfg.spec_beta, cfg.spec_tau)
+
     def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
-        in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)
-        accepted = leading_accepted(in_top & (gap <= self.tau), proposal.k)
+        in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)  # (B, K) each
+        accepted = leading_accepted(in_top & (gap <= self.tau), proposal.k)  # (B,)
         return accepted, next_token(verifier_lprobs, accepted)
 
 
+TAU_SCHEDULES = ("paper", "confidence")
+
+
 def adaptive_tau(confidence: Tensor, tau_base: float, gamma: float, schedule: str) -> Tensor:
-    """CM-ASD's per-token threshold (seed 000, III-B(c)).
+    """CM-ASD's per-token threshold (Sec. III-B(c)).
 
     ``paper``: tau_t = tau_base + gamma * (1 - C_t), the paper's formula, which is
     *more lenient* where the drafter is unsure, although the paper's text says that
@@ -93,19 +96,18 @@ def adaptive_tau(confidence: Tensor, tau_base: float, gamma: float, schedule: st
         return tau_base + gamma * (1.0 - confidence)
     if schedule == "confidence":
         return tau_base + gamma * confidence
-    raise ValueError(f"--cmasd-tau-schedule: unknown {schedule!r}; choose paper or confidence")
+    raise ValueError(f"--cmasd-tau-schedule: unknown {schedule!r}; choose {' or '.join(TAU_SCHEDULES)}")
 
 
-class ConfidenceModulated:
+class ConfidenceModulated(AcceptanceRule):
     """CM-ASD verification: top-beta inclusion and a gap within tau_t, where tau_t
-    follows the drafter's confidence in that token (``adaptive_tau``)."""
+    follows the drafter's confidence in that token (``adaptive_tau``). A token drafted
+    by a lookup (``cmasd.drafters.ngram``) has confidence 1."""
 
-    lossless = False
-    uses_confidence = True
+    needs = Needs(confidence=True)
 
     def __init__(self, beta: int, tau_base: float, gamma: float, schedule: str):
-        if beta < 1:
-            raise ValueError(f"--spec-beta: must be >= 1, got {beta}")
+        check_beta(beta)
         if tau_base < 0:
             raise ValueError(f"--cmasd-tau-base: must be >= 0, got {tau_base:g}")
         if gamma < 0:
@@ -113,10 +115,14 @@ class ConfidenceModulated:
         adaptive_tau(torch.zeros(1), tau_base, gamma, schedule)  # validates the schedule
         self.beta, self.tau_base, self.gamma, self.schedule = beta, tau_base, gamma, schedule
 
+    @classmethod
+    def from_config(cls, cfg) -> "ConfidenceModulated":
+        return cls(cfg.spec_beta, cfg.cmasd_tau_base, cfg.cmasd_gamma, cfg.cmasd_tau_schedule)
+
     def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
-        in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)
-        tau = adaptive_tau(proposal.confidence, self.tau_base, self.gamma, self.schedule)
-        accepted = leading_accepted(in_top & (gap <= tau), proposal.k)
+        in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)  # (B, K) each
+        tau = adaptive_tau(proposal.confidence, self.tau_base, self.gamma, self.schedule)  # (B, K)
+        accepted = leading_accepted(in_top & (gap <= tau), proposal.k)  # (B,)
         return accepted, next_token(verifier_lprobs, accepted)
 
 

@@ -1,7 +1,10 @@
-"""The speculative decoding loop: draft -> confidence -> choose k -> verify -> accept.
+"""The speculative decoding loop: draft -> choose k -> verify -> accept -> roll back.
 
-Batched: every row drafts, sends its own number of tokens, accepts its own number
-and finishes on its own; finished rows leave the batch. Returns fairseq hypotheses
+The parts are swappable behind written contracts: a drafter (``cmasd.drafters.base``),
+a draft-length controller and an acceptance rule (``cmasd.verification.base``); the loop
+never drafts, chooses or accepts on their behalf. Batched: every row drafts, sends its
+own number of tokens, accepts its own number and finishes on its own; finished rows leave
+the batch. Returns fairseq hypotheses
 (tokens, score, positional_scores from the verifier), so ``fairseq-generate`` prints
 and scores them as it does its own.
 
@@ -15,15 +18,15 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NamedTuple
 
 import torch
 from torch import Tensor
 
-from cmasd.acceptance import Proposal
-from cmasd.history import repeated_continuation
-from cmasd.kv_cache import BlockScorer, VerifierCache
-from cmasd.metrics import DecodeStats
+from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.decoding.stats import DecodeStats
+from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source
+from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,8 @@ class DecodeState:
     lengths: Tensor  # (B,) accepted tokens per row, BOS included
     steps: Tensor  # (B,) iterations per row
     verifier: VerifierCache
-    drafter: Any  # the drafter's own cache record (``select(rows)``)
+    drafter: DrafterState  # the drafter's own record (``select``, ``grow``)
+    controller: RowState  # the controller's per-row state (``select``)
     shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``bounded``
     longest: int = 1
 
@@ -52,6 +56,7 @@ class DecodeState:
             steps=self.steps[keep],
             verifier=self.verifier.select(keep),
             drafter=self.drafter.select(keep),
+            controller=self.controller.select(keep),
         )
 
     def bounded(self) -> "DecodeState":
@@ -87,59 +92,75 @@ def now(like: Tensor) -> float:
     return time.perf_counter()
 
 
-class SpeculativeGenerator:
-    """Draft with ``drafter``, verify with ``model``; one row's loop per iteration:
+class Decoded(NamedTuple):
+    """What one ``decode`` call returns."""
 
-    1. draft k_max tokens in one drafter pass, with their confidence;
+    hypotheses: List[List[Dict[str, Tensor]]]  # fairseq's: one list of one hypothesis per sentence
+    stats: DecodeStats  # this call's statistics
+
+
+class SpeculativeGenerator:
+    """Draft with ``drafter``, verify with ``model``; each iteration, for every row:
+
+    1. the drafter drafts ``controller.horizon`` tokens (and whatever the parts read);
     2. the controller picks how many (k) each row sends;
     3. the verifier scores the last accepted token and the k drafts in one pass;
     4. the acceptance rule keeps a prefix and adds the verifier's next token;
     5. the verifier cache rolls back to the accepted length (free: a length).
+
+    ``decode`` returns the hypotheses and the statistics of one batch; ``generate`` is
+    fairseq's interface (hypotheses only) and adds each batch's statistics to ``stats``,
+    the run's, which ``fairseq-generate`` logs at its end.
     """
 
     def __init__(
-        self, model, drafter, tgt_dict, controller, acceptance, confidence, rules: LengthRules, draft_block=None,
-        kernels: str = "native", history_ngram: int = 0,
+        self, model, drafter: Drafter, tgt_dict, controller: Controller, acceptance: AcceptanceRule, confidence,
+        rules: LengthRules, kernels: str = "native", seed: int = 1,
     ):
         self.model = model
-        self.drafter = drafter  # a Spec-Drafter prepared for decoding (``SpecDrafterModel.drafting``)
+        self.drafter = drafter
         self.scorer = BlockScorer(model.decoder, kernels)
         self.controller = controller
         self.acceptance = acceptance
-        self.confidence = confidence
         self.rules = rules
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
-        self.block = drafter.block_size
-        self.draft_block = self.block if draft_block is None else draft_block  # slots the drafter runs
-        # fixed k with exact or top-k/gap acceptance never reads the confidence
-        self.needs_confidence = controller.uses_confidence or acceptance.uses_confidence
-        if history_ngram < 0:
-            raise ValueError(f"--spec-history-ngram: must be >= 0 (0: off), got {history_ngram}")
-        self.history_ngram = history_ngram  # 0: the Spec-Drafter alone
+        self.horizon = controller.horizon
+        needs = controller.needs | acceptance.needs
+        self.request = DraftRequest(self.horizon, confidence if needs.confidence else None, needs.draft_logprobs)
+        device = next(model.parameters()).device
+        self.random = torch.Generator(device=device).manual_seed(seed) if needs.randomness else None
         self.stats = DecodeStats()
 
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Any], **kwargs) -> List[List[Dict[str, Tensor]]]:
         """fairseq's generator interface: one list of one hypothesis per sentence."""
+        decoded = self.decode(sample)
+        self.stats.add(decoded.stats)
+        return decoded.hypotheses
+
+    @torch.no_grad()
+    def decode(self, sample: Dict[str, Any]) -> Decoded:
+        """Decode one batch: its hypotheses and this call's statistics."""
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
         max_len = self.rules.max_len(src_len)
-        capacity = max_len + self.block + 2
+        capacity = max_len + self.horizon + 2
         # the caches start with room for a target a block longer than the source and grow
-        expected = min(src_len + 2 * (self.block + 1), capacity)
+        expected = min(src_len + 2 * (self.horizon + 1), capacity)
 
         self.warn_empty_sources(sample)
+        stats = DecodeStats(sentences=bsz)
         encoder_out = self.model.encoder.forward_torchscript(net_input)
-        state = self.start(encoder_out, net_input, bsz, capacity, expected)
+        source = Source(src_tokens, net_input["src_lengths"], encoder_out)
+        state = self.start(source, capacity, expected)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         while state.rows.numel() > 0:
-            state, done = self.step(state, max_len)
+            state, done = self.step(state, max_len, stats)
             t0 = now(state.tokens)
             state = self.retire(state, done, finished)
-            self.stats.bookkeeping_seconds += now(state.tokens) - t0
-        self.stats.sentences += bsz
-        return finished
+            stats.bookkeeping_seconds += now(state.tokens) - t0
+        return Decoded(finished, stats)
 
     def retire(self, state: DecodeState, done: Tensor, finished: List[List[Dict[str, Tensor]]]) -> DecodeState:
         """Record the hypotheses of the rows that just finished (``done`` (B,) bool) and
@@ -162,91 +183,66 @@ class SpeculativeGenerator:
                 ", ".join(map(str, ids)),
             )
 
-    def start(self, encoder_out, net_input, bsz: int, capacity: int, cache_capacity: int) -> DecodeState:
+    def start(self, source: Source, capacity: int, cache_capacity: int) -> DecodeState:
         """Rows of at most ``capacity`` tokens; caches for ``cache_capacity`` positions."""
-        device = net_input["src_tokens"].device
+        bsz, device = source.tokens.size(0), source.tokens.device
         tokens = torch.full((bsz, capacity), self.pad, dtype=torch.long, device=device)
         tokens[:, 0] = self.eos
-        if self.drafter.uses_own_encoder:
-            drafter_encoder_out = self.drafter.encode(net_input["src_tokens"], net_input["src_lengths"])
-        else:
-            drafter_encoder_out = encoder_out
         return DecodeState(
             rows=torch.arange(bsz, device=device),
             tokens=tokens,
             scores=torch.zeros(bsz, capacity, device=device),
             lengths=torch.ones(bsz, dtype=torch.long, device=device),
             steps=torch.zeros(bsz, dtype=torch.long, device=device),
-            verifier=self.scorer.start(encoder_out, cache_capacity),
-            drafter=self.drafter.start(drafter_encoder_out, cache_capacity),
+            verifier=self.scorer.start(source.encoder_out, cache_capacity),
+            drafter=self.drafter.start(source, cache_capacity),
+            controller=self.controller.start(bsz, device),
         )
 
     def reserve(self, state: DecodeState) -> DecodeState:
         """Room in both caches for one more iteration of the longest row: its prefix
         and a full block. Grows them by doubling, up to the tokens' capacity. (The
         caches ``start`` makes have room for the first iteration.)"""
-        needed = state.longest + self.block + 1
+        needed = state.longest + self.horizon + 1
         if needed <= state.verifier.capacity:
             return state
         capacity = min(max(needed, 2 * state.verifier.capacity), state.tokens.size(1))
         return replace(state, verifier=state.verifier.grow(capacity), drafter=state.drafter.grow(capacity))
 
-    def step(self, state: DecodeState, max_len: int):
+    def step(self, state: DecodeState, max_len: int, stats: DecodeStats):
         """One draft/verify iteration of every active row. Returns the new state and
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
-        drafts, confidence, drafter_state = self.draft(state)  # (B, horizon), (B, horizon) or (B, 0)
+        draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, self.request)
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
-        k = torch.minimum(self.controller.propose(confidence), room)  # (B,)
+        k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
+        if draft.valid is not None:
+            k = torch.minimum(k, draft.valid)  # (B,)
         width = int(k.max())
-        proposal = Proposal(drafts[:, :width], k, confidence[:, :width])
+        proposal = Proposal(
+            draft.tokens[:, :width],  # (B, W)
+            k,
+            None if draft.confidence is None else draft.confidence[:, :width],  # (B, W)
+            None if draft.logprobs is None else draft.logprobs[:, :width],  # (B, W, V)
+            self.random,
+        )
         t1 = now(state.tokens)
 
-        lprobs = self.verify(state, proposal, max_len)  # (B, width + 1, V)
+        lprobs = self.verify(state, proposal, max_len)  # (B, W + 1, V)
         t2 = now(state.tokens)
         accepted, next_token = self.acceptance.accept(proposal, lprobs)  # (B,), (B,)
-        self.controller.observe(k, accepted)
+        controller_state = self.controller.observe(state.controller, k, accepted)
         state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
         # mean confidence over the horizon, where it was computed
-        block_confidence = confidence.mean(dim=1) if confidence.size(1) else None  # (B,)
-        self.stats.observe(k, accepted, gained, block_confidence)
+        block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and self.horizon else None
+        stats.observe(k, accepted, gained, block_confidence, draft.served)
         t3 = now(state.tokens)
 
-        self.stats.draft_seconds += t1 - t0
-        self.stats.verify_seconds += t2 - t1
-        self.stats.bookkeeping_seconds += t3 - t2
-        return replace(state, drafter=drafter_state), done
-
-    def draft(self, state: DecodeState):
-        """Drafted tokens (B, horizon) for the positions the controller can send, their
-        confidence (B, horizon), or (B, 0) when no part reads it, and the drafter's new
-        cache. The Spec-Drafter drafts (only the ``horizon`` slots are projected); with
-        ``history_ngram`` a row whose last n tokens occurred before drafts their earlier
-        continuation instead, at confidence 1 (``cmasd.history``), and when every row
-        does, the drafter is not run (its cache catches up later). With horizon 0
-        (``--spec-k 0``) nothing is drafted."""
-        bsz, horizon = state.rows.numel(), self.controller.horizon
-        nothing = state.scores.new_zeros(bsz, 0)  # (B, 0)
-        if horizon == 0:
-            return state.tokens.new_zeros(bsz, 0), nothing, state.drafter
-        repeats = None
-        if self.history_ngram:
-            repeats = repeated_continuation(state.tokens, state.lengths, self.history_ngram, horizon)
-            self.stats.history_rows += int(repeats.found.sum())
-            if bool(repeats.found.all()):
-                confidence = state.scores.new_ones(bsz, horizon) if self.needs_confidence else nothing
-                return repeats.tokens, confidence, state.drafter
-        logits, drafter_state = self.drafter.draft(
-            state.drafter, state.tokens, state.lengths, slots=horizon, block=self.draft_block
-        )  # (B, horizon, V)
-        tokens = logits.argmax(dim=-1)  # (B, horizon)
-        confidence = self.confidence(logits) if self.needs_confidence else nothing  # (B, horizon) or (B, 0)
-        if repeats is not None:
-            tokens = torch.where(repeats.found[:, None], repeats.tokens, tokens)
-            if self.needs_confidence:
-                confidence = confidence.masked_fill(repeats.found[:, None], 1.0)
-        return tokens, confidence, drafter_state
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += t2 - t1
+        stats.bookkeeping_seconds += t3 - t2
+        return replace(state, drafter=drafter_state, controller=controller_state), done
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
         """Verifier log-probabilities after the last accepted token and each draft:

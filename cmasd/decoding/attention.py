@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cmasd.kernels import linear_of, prepared_linear
+from cmasd.decoding.kernels import linear_of, prepared_linear
 
 # Called once per layer with that layer's new keys/values (B, H, T_new, d);
 # returns every key/value the new queries may see and the visibility mask.
@@ -245,7 +245,7 @@ class DecodingLayer:
     dropout, no gradients; weights copied once). Its query, key and value projections
     run as one linear layer with the query scaling folded in (exactly: only when the
     scaling is a power of two, as for 64-dimensional heads; otherwise applied after),
-    every linear layer on ``kernels`` (``cmasd.kernels``), a ReLU fused into ``fc1``. The
+    every linear layer on ``kernels`` (``cmasd.decoding.kernels``), a ReLU fused into ``fc1``. The
     arithmetic is ``decoder_layer``'s in eval mode, with an additive mask."""
 
     def __init__(self, layer, kernels: str):

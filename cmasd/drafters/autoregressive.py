@@ -1,0 +1,106 @@
+"""An autoregressive draft model behind the drafter contract (``cmasd.drafters.base``):
+the drafter of speculative sampling (Leviathan et al., arXiv:2211.17192; Chen et al.,
+arXiv:2302.01318), GammaTune and EARS, and of Hugging Face's assisted generation.
+
+Any fairseq Transformer (``TransformerModelBase``: ``--arch transformer`` and its
+variants, or cmasd's ``ar_drafter``, ``cmasd.models.ar_drafter``) with the verifier's
+dictionary drafts ``horizon`` tokens one at a time, each the argmax of its distribution
+given the accepted prefix and the drafts before it. Its decoder runs as the verifier's
+does (``cmasd.decoding.cache.BlockScorer``: prepared layers, a key/value cache indexed by
+position), and its cache rolls back by length as the verifier's: a draft call first
+feeds the tokens accepted since the last call (several rows at once, ragged), then one
+drafted token per step; entries past a row's accepted length are simply overwritten
+next time.
+
+Encoder. When the draft model's encoder has the verifier's weights (a frozen copy, as
+``ar_drafter`` trains it) decoding reuses the verifier's encoder output; otherwise the
+draft model runs its own encoder once per batch.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
+
+import torch
+from fairseq.models.transformer import TransformerModelBase
+from torch import Tensor
+
+from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
+
+
+@dataclass(frozen=True)
+class ARDrafterState:
+    """The draft model's cache for the rows of a batch: positions ``0 .. cached - 1``
+    hold keys and values of accepted tokens; later ones are stale."""
+
+    cache: VerifierCache
+    cached: Tensor  # (B,)
+
+    def select(self, rows: Tensor) -> "ARDrafterState":
+        return ARDrafterState(self.cache.select(rows), self.cached.index_select(0, rows))
+
+    def grow(self, capacity: int) -> "ARDrafterState":
+        return replace(self, cache=self.cache.grow(capacity))
+
+
+def same_encoder(model, verifier) -> bool:
+    """Whether ``model``'s encoder has exactly the verifier's weights (same names, shapes
+    and values), so that the verifier's encoder output is the model's own."""
+    mine, theirs = model.encoder.state_dict(), verifier.encoder.state_dict()
+    if mine.keys() != theirs.keys():
+        return False
+    return all(mine[k].shape == theirs[k].shape and torch.equal(mine[k], theirs[k].to(mine[k])) for k in mine)
+
+
+class AutoregressiveDrafter(ModelDrafter):
+    """A fairseq Transformer drafting one token at a time with its own cache."""
+
+    name = "autoregressive"
+    model_class = TransformerModelBase
+
+    def __init__(self, model, kernels: str = "native", shares_encoder: bool = False):
+        self.model = model
+        self.scorer = BlockScorer(model.decoder, kernels)
+        self.shares_encoder = shares_encoder
+
+    @staticmethod
+    def horizon_limit(model) -> Optional[int]:
+        """No block: it drafts as many tokens as asked, one pass each."""
+        return None
+
+    @classmethod
+    def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "AutoregressiveDrafter":
+        if cfg.spec_draft_block is not None:
+            raise ValueError("--spec-draft-block: applies to the Spec-Drafter only (--drafter-kind spec)")
+        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, same_encoder(model, verifier))
+
+    @torch.no_grad()
+    def start(self, source: Source, capacity: int) -> ARDrafterState:
+        encoder_out = source.encoder_out
+        if not self.shares_encoder:
+            encoder_out = self.model.encoder.forward_torchscript(
+                {"src_tokens": source.tokens, "src_lengths": source.lengths}
+            )
+        cached = torch.zeros(source.tokens.size(0), dtype=torch.long, device=source.tokens.device)
+        return ARDrafterState(self.scorer.start(encoder_out, capacity), cached)
+
+    @torch.no_grad()
+    def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
+        """Feed each row's tokens from its cached length to its accepted length, then draft
+        ``request.horizon`` tokens one at a time."""
+        bsz, width = tokens.shape
+        # every row feeds its last ``fed`` tokens (rows with fewer recompute some cached
+        # ones, which is harmless), so each row's last accepted token sits at one index
+        fed = int((lengths - state.cached).max())
+        start = (lengths - fed).clamp(min=0)  # (B,)
+        index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
+        logits = self.scorer.score(state.cache, tokens.gather(1, index), start)  # (B, fed, V)
+        last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V)
+        steps, drafted = [], []
+        for i in range(request.horizon):
+            steps.append(last)
+            drafted.append(last.argmax(dim=-1))  # (B,)
+            if i + 1 < request.horizon:
+                last = self.scorer.score(state.cache, drafted[-1][:, None], lengths + i)[:, 0]  # (B, V)
+        draft = model_draft(torch.stack(steps, dim=1), request, torch.stack(drafted, dim=1))  # (B, H, V), (B, H)
+        return draft, replace(state, cached=lengths)

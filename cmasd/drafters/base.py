@@ -1,0 +1,168 @@
+"""The drafter contract: what the decoding loop asks of anything that proposes tokens.
+
+Each iteration the loop (``cmasd.decoding.generator``) holds, for the rows of a batch
+still decoding, their accepted tokens ``tokens`` (B, T) (BOS, that is eos, first, pad
+after) and ``lengths`` (B,). It asks the drafter for the next ``horizon`` tokens of every
+row and the verifier then checks the ones the controller sends.
+
+A drafter
+
+* makes its per-batch state with ``start(source, capacity)``: caches, encoder outputs,
+  whatever it keeps per row. The state is a record of the drafter's own with two
+  methods the loop calls (``DrafterState``): ``select(rows)`` when rows finish and leave
+  the batch, ``grow(capacity)`` before a row's prefix plus one iteration's block would
+  outgrow the capacity it was started or last grown with;
+* drafts with ``draft(state, tokens, lengths, request)``, returning a ``Draft`` and its
+  new state. A drafter never sees what the verifier accepted except through the next
+  call's ``tokens`` and ``lengths``: a cache past a row's length is stale, and rolling
+  back is forgetting it (a length). The drafter chooses its tokens itself (the argmax of
+  its distribution here; the draw, for sampling), so that the distribution it returns
+  is always the one its tokens came from.
+
+A ``Draft`` holds the drafted tokens (B, H), how many leading ones each row may send
+(``valid``; None: all H), and, when ``request`` asks for them, the log-probabilities the
+tokens were chosen from (B, H, V) and the drafter's confidence in each token (B, H). A
+model-free drafter (an n-gram lookup) has no distribution: its ``logprobs`` stay None,
+its tokens are a point mass. ``served`` names the rows a lookup drafted, for the
+statistics.
+
+Drafters compose (``cmasd.drafters.compose.Fallback``): a lookup in front of a model
+drafter serves the rows it can, the model the others, and the model does not run in an
+iteration where the lookup serves every row.
+"""
+
+import abc
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Protocol, Tuple
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a drafter may read of a batch's source side."""
+
+    tokens: Tensor  # (B, S) source tokens as fairseq batches them (padded; eos last)
+    lengths: Tensor  # (B,) source tokens per row, eos included
+    encoder_out: Dict  # the verifier's encoder output for them (fairseq's dictionary)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What the loop asks of every ``draft`` call: ``horizon`` tokens per row, and the
+    outputs some part of the decoder reads (None / False: nobody does, skip them)."""
+
+    horizon: int
+    confidence: Optional[Callable[[Tensor], Tensor]] = None  # drafter logits (..., V) -> confidence (...)
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One draft of every row."""
+
+    tokens: Tensor  # (B, H) drafted tokens
+    valid: Optional[Tensor] = None  # (B,) leading tokens each row may send (<= H); None: all H
+    logprobs: Optional[Tensor] = None  # (B, H, V) the distribution each token was chosen from
+    confidence: Optional[Tensor] = None  # (B, H) drafter confidence in [0, 1]
+    served: Mapping[str, Tensor] = field(default_factory=dict)  # lookup name -> (B,) bool: rows it drafted
+
+    def offered(self) -> Tensor:
+        """``valid`` as a tensor: (B,)."""
+        if self.valid is not None:
+            return self.valid
+        return torch.full(self.tokens.shape[:1], self.tokens.size(1), dtype=torch.long, device=self.tokens.device)
+
+
+class DrafterState(Protocol):
+    """A drafter's per-batch record; the loop only calls these two methods."""
+
+    def select(self, rows: Tensor) -> "DrafterState":
+        """Keep only ``rows`` (LongTensor of row indices), e.g. to drop finished ones."""
+
+    def grow(self, capacity: int) -> "DrafterState":
+        """Room for rows of ``capacity`` tokens: the longest prefix plus one iteration's
+        block (``horizon`` + 1). A no-op where the state already has it."""
+
+
+@dataclass(frozen=True)
+class Stateless:
+    """The state of a drafter that keeps nothing per row."""
+
+    def select(self, rows: Tensor) -> "Stateless":
+        return self
+
+    def grow(self, capacity: int) -> "Stateless":
+        return self
+
+
+STATELESS = Stateless()
+
+
+class Drafter(abc.ABC):
+    """Anything that proposes tokens to the verifier (see the module's docstring)."""
+
+    name: str = "drafter"  # in the statistics and in messages
+    max_horizon: Optional[int] = None  # most tokens one draft holds; None: no limit
+
+    @abc.abstractmethod
+    def start(self, source: Source, capacity: int) -> DrafterState:
+        """The state of a new batch, with room for rows of ``capacity`` tokens."""
+
+    @abc.abstractmethod
+    def draft(self, state: DrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, DrafterState]:
+        """The next ``request.horizon`` tokens after each row's accepted ``tokens``
+        (B, T) of ``lengths`` (B,) tokens, BOS included."""
+
+
+class ModelDrafter(Drafter):
+    """A drafter that drafts with a trained fairseq model (``--drafter-path``), registered
+    by name in ``cmasd.drafters.DRAFTER_KINDS`` (``--drafter-kind``)."""
+
+    model_class: type  # the fairseq model class it drafts with; ``--drafter-kind auto`` matches on it
+
+    @staticmethod
+    @abc.abstractmethod
+    def horizon_limit(model) -> Optional[int]:
+        """The most tokens ``model`` can draft in one pass (None: no limit)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "ModelDrafter":
+        """The drafter of ``model`` for ``verifier``, with the options ``cfg``
+        (``cmasd.options.SpeculativeDecodingConfig``), on ``kernels``, drafting
+        ``horizon`` tokens per pass."""
+
+
+def model_draft(logits: Tensor, request: DraftRequest, tokens: Optional[Tensor] = None) -> Draft:
+    """The draft of a model drafter from its logits (B, H, V): their argmax (or ``tokens``
+    (B, H), the argmax already taken), and the log-probabilities and confidence the
+    request asks for."""
+    if tokens is None:
+        tokens = logits.argmax(dim=-1)  # (B, H)
+    logprobs = torch.log_softmax(logits.float(), dim=-1) if request.logprobs else None  # (B, H, V)
+    confidence = request.confidence(logits) if request.confidence is not None else None  # (B, H)
+    return Draft(tokens, None, logprobs, confidence)
+
+
+def point_mass(tokens: Tensor, vocab: int) -> Tensor:
+    """Log-probabilities (B, H, V) of drafting exactly ``tokens`` (B, H): 0 there, -inf elsewhere."""
+    out = torch.full(tokens.shape + (vocab,), float("-inf"), device=tokens.device)  # (B, H, V)
+    return out.scatter_(-1, tokens[..., None], 0.0)
+
+
+class Nothing(Drafter):
+    """Drafts nothing: every row sends 0 tokens and the verifier decodes one token per
+    iteration (``--spec-k 0``; behind lookups that have no model to fall back on)."""
+
+    name = "nothing"
+
+    def start(self, source: Source, capacity: int) -> Stateless:
+        return STATELESS
+
+    def draft(self, state: Stateless, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Stateless]:
+        bsz = tokens.size(0)
+        drafted = tokens.new_zeros(bsz, request.horizon)  # (B, H), never sent
+        confidence = tokens.new_zeros(bsz, request.horizon, dtype=torch.float) if request.confidence else None
+        return Draft(drafted, tokens.new_zeros(bsz), None, confidence), state

@@ -1,0 +1,76 @@
+"""Drafters in front of drafters: ``Fallback(first, second)`` drafts each row with
+``first`` where it offers anything and with ``second`` elsewhere.
+
+The usual pair is a lookup in front of a model drafter (``--spec-history-ngram``,
+``--spec-source-ngram`` before the Spec-Drafter or a draft model): the lookup is nearly
+free, and in an iteration where it serves every row the model is not run at all (its
+cache catches up on the next call, as any drafter's does: from its own cached length to
+the row's). Fallbacks nest: ``Fallback(history, Fallback(source, model))``.
+"""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from cmasd.drafters.base import (
+    Draft,
+    Drafter,
+    DrafterState,
+    DraftRequest,
+    Source,
+    point_mass,
+)
+
+
+@dataclass(frozen=True)
+class FallbackState:
+    first: DrafterState
+    second: DrafterState
+
+    def select(self, rows: Tensor) -> "FallbackState":
+        return FallbackState(self.first.select(rows), self.second.select(rows))
+
+    def grow(self, capacity: int) -> "FallbackState":
+        return FallbackState(self.first.grow(capacity), self.second.grow(capacity))
+
+
+def merged(keep: Tensor, first: Optional[Tensor], second: Optional[Tensor]) -> Optional[Tensor]:
+    """``first`` where ``keep`` (B,), else ``second``; None where neither has the output.
+    (When only ``second`` has it, the caller fills ``first`` in.)"""
+    if first is None or second is None:
+        return second if first is None else first
+    return torch.where(keep.view(-1, *([1] * (first.dim() - 1))), first, second)
+
+
+class Fallback(Drafter):
+    """Row by row: ``first``'s draft where it offers at least one token, else ``second``'s."""
+
+    def __init__(self, first: Drafter, second: Drafter):
+        self.first, self.second = first, second
+        self.name = f"{first.name}+{second.name}"
+        limits = [d.max_horizon for d in (first, second) if d.max_horizon is not None]
+        self.max_horizon = min(limits) if limits else None
+
+    def start(self, source: Source, capacity: int) -> FallbackState:
+        return FallbackState(self.first.start(source, capacity), self.second.start(source, capacity))
+
+    def draft(self, state: FallbackState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, FallbackState]:
+        a, first_state = self.first.draft(state.first, tokens, lengths, request)
+        served = a.offered() > 0  # (B,)
+        if bool(served.all()):
+            return a, FallbackState(first_state, state.second)
+        b, second_state = self.second.draft(state.second, tokens, lengths, request)
+        keep = served  # (B,)
+        logprobs = b.logprobs
+        if logprobs is not None:  # a lookup's rows: the point mass it drafted
+            logprobs = merged(keep, a.logprobs if a.logprobs is not None else point_mass(a.tokens, logprobs.size(-1)), logprobs)
+        draft = Draft(
+            tokens=torch.where(keep[:, None], a.tokens, b.tokens),  # (B, H)
+            valid=torch.where(keep, a.offered(), b.offered()),  # (B,)
+            logprobs=logprobs,
+            confidence=merged(keep, a.confidence, b.confidence),
+            served={**{name: rows & ~keep for name, rows in b.served.items()}, **a.served},
+        )
+        return draft, FallbackState(first_state, second_state)

@@ -1,0 +1,211 @@
+"""The Spec-Drafter behind the drafter contract (``cmasd.drafters.base``): the
+non-autoregressive drafter of SpecDec (Xia et al., "Speculative Decoding: Exploiting
+Speculative Execution for Accelerating Seq2seq Generation", arXiv:2203.16487) that CM-ASD
+drafts with. One pass over the accepted prefix and ``block`` mask slots drafts the next
+``horizon`` tokens of every row; the model (``cmasd.models.spec_drafter``) is what
+fairseq-train trains.
+
+Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
+slots are never cached, and nothing is ever rolled back (the slots are recomputed every
+pass). Decoding runs a copy of the decoder's weights prepared once
+(``cmasd.decoding.attention.DecodingDecoder`` on native, packed or int8 kernels).
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from cmasd.decoding.attention import DecodingDecoder, additive_mask
+from cmasd.decoding.cache import encoder_states, widened
+from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
+from cmasd.models.spec_drafter import SpecDrafterModel
+
+
+@dataclass(frozen=True)
+class SpecDrafterCache:
+    """The drafter's decoding record for a batch of ragged rows.
+
+    ``kv`` holds, per decoder layer, the self-attention keys and values of the prefix
+    tokens already fed, stacked: ``(B, 2H, capacity + 1, d)`` (H key heads, then H value
+    heads); the last column is a scratch slot that absorbs the writes of padding entries
+    and is never attended to. ``cached`` (B,) counts the prefix tokens of each row in the
+    cache. ``SpecDrafter.logits`` writes new prefix keys/values in place at indices >=
+    ``cached`` only (the cache is append-only), and returns a record with the new counts.
+    ``grow`` makes room for longer prefixes.
+    """
+
+    kv: Tuple[Tensor, ...]  # per layer (B, 2H, capacity + 1, d)
+    cached: Tensor  # (B,)
+    cross: Tuple[Tuple[Tensor, Tensor], ...]  # per layer encoder keys/values (B, H, S, d)
+    cross_bias: Optional[Tensor]  # (B, 1, 1, S) 0 / -inf for padded source tokens; None: no padding
+
+    @property
+    def capacity(self) -> int:
+        """Most prefix tokens (BOS included) a row may hold."""
+        return self.kv[0].size(2) - 1
+
+    def grow(self, capacity: int) -> "SpecDrafterCache":
+        """The same cache with room for ``capacity`` prefix tokens (no-op if it has them)."""
+        if capacity <= self.capacity:
+            return self
+        size = capacity + 1  # the scratch slot stays last; the old one held nothing to keep
+        return dataclasses.replace(self, kv=tuple(widened(kv[:, :, : self.capacity], size) for kv in self.kv))
+
+    def select(self, rows: Tensor) -> "SpecDrafterCache":
+        """Keep the rows ``rows`` (LongTensor of indices), e.g. to drop finished ones."""
+        return SpecDrafterCache(
+            kv=tuple(kv.index_select(0, rows) for kv in self.kv),
+            cached=self.cached.index_select(0, rows),
+            cross=tuple((k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross),
+            cross_bias=None if self.cross_bias is None else self.cross_bias.index_select(0, rows),
+        )
+
+
+class SpecDrafter(ModelDrafter):
+    """A Spec-Drafter prepared for decoding: its decoder's weights as a
+    ``DecodingDecoder`` on ``kernels`` (native, packed or int8), the learned mask vector
+    and the embeddings as they are. ``block`` (``--spec-draft-block``, default the
+    trained block k_max) is how many slots each pass runs: fewer cost less, but the slots
+    then see a shorter block than in training."""
+
+    name = "spec"
+    model_class = SpecDrafterModel
+
+    def __init__(self, model: SpecDrafterModel, kernels: str = "native", block: Optional[int] = None):
+        self.model = model
+        self.embedding = model.decoder  # embeddings, positions and the mask vector
+        self.decoder = DecodingDecoder(model.decoder, kernels)
+        self.block_size = model.block_size
+        self.block = self.block_size if block is None else block
+        self.max_horizon = self.block
+        self.padding_idx = model.decoder.padding_idx
+        self.uses_own_encoder = model.uses_own_encoder
+
+    @staticmethod
+    def horizon_limit(model: SpecDrafterModel) -> Optional[int]:
+        """The most tokens the model drafts in one pass: its block k_max."""
+        return model.block_size
+
+    @classmethod
+    def from_model(cls, model: SpecDrafterModel, verifier, cfg, kernels: str, horizon: int) -> "SpecDrafter":
+        """The drafter of the options ``cfg`` (``--spec-draft-block``, ``--spec-drafter-quantize``)."""
+        block = model.block_size if cfg.spec_draft_block is None else cfg.spec_draft_block
+        if not max(horizon, 1) <= block <= model.block_size:
+            raise ValueError(
+                f"--spec-draft-block: must be in [{max(horizon, 1)}, {model.block_size}] (the draft length the "
+                f"controller can send .. the drafter's block), got {block}"
+            )
+        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, block)
+
+    def encode(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
+        """The drafter's own encoder output (``uses_own_encoder``)."""
+        return self.model.encode(src_tokens, src_lengths)
+
+    def start(self, source: Source, capacity: int) -> SpecDrafterCache:
+        encoder_out = self.encode(source.tokens, source.lengths) if self.uses_own_encoder else source.encoder_out
+        return self.start_cache(encoder_out, capacity)
+
+    def draft(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, SpecDrafterCache]:
+        logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block)  # (B, H, V)
+        return model_draft(logits, request), state
+
+    @torch.no_grad()
+    def start_cache(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> SpecDrafterCache:
+        """An empty cache for rows of at most ``max_len`` prefix tokens (BOS included),
+        with the encoder keys/values of every layer computed once. ``encoder_out``: the
+        verifier's encoder output (frozen encoder), else ``encode``'s."""
+        states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
+        cross, cross_bias = self.decoder.cross_keys(states, real)
+        dec = self.decoder
+        shape = (states.size(0), 2 * dec.heads, max_len + 1, dec.head_dim)
+        return SpecDrafterCache(
+            kv=tuple(states.new_zeros(shape) for _ in dec.layers),
+            cached=torch.zeros(states.size(0), dtype=torch.long, device=states.device),
+            cross=tuple(cross),
+            cross_bias=cross_bias,
+        )
+
+    @torch.no_grad()
+    def logits(
+        self,
+        state: SpecDrafterCache,
+        tokens: Tensor,
+        lengths: Tensor,
+        slots: Optional[int] = None,
+        block: Optional[int] = None,
+    ) -> Tuple[Tensor, SpecDrafterCache]:
+        """Draft the k_max tokens after each row's accepted prefix.
+
+        tokens (B, T): accepted sequences, BOS (eos) first, right-padded; lengths (B,):
+        valid tokens per row, BOS included. Feeds the tokens not yet cached (indices
+        ``cached .. lengths-1``, ragged, padded to the longest) and the k_max slots;
+        returns logits (B, slots, V) for indices ``lengths .. lengths + slots - 1``
+        (``slots`` <= k_max, default k_max: every slot runs through the layers, but
+        only the first ``slots`` are projected to the vocabulary, the costly part) and
+        the state with ``cached = lengths``. ``block`` (``slots`` <= block <= k_max,
+        default k_max) runs fewer slots through the layers: cheaper, but the slots then
+        see a shorter block than in training.
+        """
+        bsz, width = tokens.shape
+        block = self.block_size if block is None else block
+        slots = block if slots is None else slots
+        if not 1 <= slots <= block <= self.block_size:
+            raise ValueError(f"need 1 <= slots ({slots}) <= block ({block}) <= k_max ({self.block_size})")
+        capacity = state.capacity
+        device = tokens.device
+        grown = lengths - state.cached  # (B,)
+        most_new, least_new, longest = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
+        if least_new < 0:
+            raise ValueError("drafter cache is append-only: a row's length fell below its cached count")
+        if longest > capacity:
+            raise ValueError(
+                f"prefix of {longest} tokens exceeds the drafter cache capacity {capacity} (see start_cache() and grow())"
+            )
+
+        offsets = torch.arange(most_new, device=device)  # (N,)
+        index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
+        fresh = offsets[None, :] < grown[:, None]  # (B, N) real new tokens
+        new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(~fresh, self.padding_idx)
+        slot_index = lengths[:, None] + torch.arange(block, device=device)  # (B, K)
+        embedding = self.embedding
+        x = torch.cat(
+            [
+                self.decoder.embed(new_tokens, embedding.positions(index)),  # (B, N, C)
+                embedding.slot_inputs(embedding.positions(slot_index)),  # (B, K, C)
+            ],
+            dim=1,
+        )  # (B, N + K, C)
+
+        seen = torch.arange(longest, device=device)  # (Tc,) cache indices that may be visible
+        top = torch.cat(
+            [
+                seen[None, None, :] <= index[:, :, None],  # (B, N, Tc): causal over the prefix
+                fresh.new_zeros(bsz, most_new, block),  # (B, N, K): prefix never sees slots
+            ],
+            dim=2,
+        )
+        bottom = torch.cat(
+            [
+                (seen[None, :] < lengths[:, None])[:, None, :].expand(bsz, block, longest),  # (B, K, Tc)
+                fresh.new_ones(bsz, block, block),  # (B, K, K): slots see every slot
+            ],
+            dim=2,
+        )
+        bias = additive_mask(torch.cat([top, bottom], dim=1)[:, None], x)  # (B, 1, N + K, Tc + K)
+        write_at = torch.where(fresh, index, torch.full_like(index, capacity))  # (B, N); pad -> scratch
+        heads, dim = self.decoder.heads, self.decoder.head_dim
+        where = write_at[:, None, :, None].expand(bsz, 2 * heads, most_new, dim)  # (B, 2H, N, d)
+
+        def self_keys(layer: int, kv_new: Tensor):
+            # kv_new: (B, 2H, N + K, d); the prefix part is appended to the cache
+            cache = state.kv[layer]  # (B, 2H, capacity + 1, d)
+            cache.scatter_(2, where, kv_new[:, :, :most_new])
+            kv = torch.cat([cache[:, :, :longest], kv_new[:, :, most_new:]], dim=2)  # (B, 2H, Tc + K, d)
+            return kv[:, :heads], kv[:, heads:]
+
+        states = self.decoder.states(x, self_keys, bias, list(state.cross), state.cross_bias)  # (B, N + K, C)
+        logits = self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V)
+        return logits, dataclasses.replace(state, cached=lengths.clone())

@@ -1,0 +1,67 @@
+"""``cmasd-bench``: speed and quality of fairseq's decoders and cmasd's speculative
+decoders on one data split, measured the same way in one process.
+
+    cmasd-bench DATA --path VERIFIER.pt --drafter-path DRAFTER.pt \\
+        [--gen-subset test] [--configs beam5,greedy,specdec-k10,cmasd] \\
+        [--batch-sizes 1,16] [--repeats 3] [--warmup 1] [--threads N] \\
+        [--max-sentences N] [--references RAW.txt] [--metric bleu|rouge] \\
+        [--set KEY=VALUE ...] [--out-dir checkpoints/bench]
+
+What it does, in order:
+
+1. loads the verifier (a fairseq ``translation`` checkpoint), the Spec-Drafter and
+   the split once, and builds every batch of every batch size up front, so data
+   loading and collation stay outside the timed region;
+2. runs ``--warmup`` unrecorded passes over the first ``--warmup-batches`` batches of
+   each batch size, then ``--repeats`` recorded passes; each recorded pass
+   decodes the whole split with every configuration at every batch size, so the
+   repetitions are interleaved across configurations (rep 1: all, rep 2: all, ...);
+   only ``generate`` calls are timed (``time.perf_counter``, after a CUDA
+   synchronize on GPU);
+3. also times the *floor*: one teacher-forced verifier pass per batch over greedy's
+   output, the cost of merely scoring the answer with the verifier (``FloorScorer``:
+   the encoder, then the decoding loops' own block scorer on their fastest kernels);
+4. scores the first recorded pass of every configuration (decoding is deterministic)
+   and writes ``bench.md``, ``bench.json`` and ``latency-throughput.png`` under
+   ``--out-dir``.
+
+Configurations are named in ``CONFIGS`` (``--configs help`` lists them) or defined on
+the command line as ``NAME:KEY=VALUE;KEY=VALUE``, KEY a ``SpeculativeDecodingConfig``
+field (``spec_k``, ``cmasd_alpha``, ...); ``base=NAMED`` starts from a named
+speculative configuration. Example::
+
+    --configs "greedy,cmasd,a05:base=cmasd;cmasd_alpha=0.5,k4:spec_k=4;spec_acceptance=exact"
+
+A comma separates configurations only where a name follows, so
+``cmasd_weights=0.5,0.25,0.25`` stays one value. Settings apply in this order:
+the option defaults, then ``--set`` (for every speculative configuration), then the
+configuration's own settings, which win.
+
+Errors in the command line, the files or the configurations are one line on stderr,
+``cmasd-bench: error: ...``, with exit status 2.
+"""
+
+from cmasd.tools.bench.cli import (  # noqa: F401  (the package's interface, used by cmasd-tune and the tests)
+    Parser,
+    add_common_args,
+    cli_main,
+    main,
+    prepare,
+    report_record,
+    run_cli,
+    run_configs,
+)
+from cmasd.tools.bench.configs import (  # noqa: F401
+    CONFIGS,
+    FULL_CMASD,
+    GREEDY,
+    BenchConfig,
+    BenchError,
+    options_dict,
+    parse_assignments,
+    resolve_configs,
+    spec_options,
+)
+from cmasd.tools.bench.loading import drafter_paths  # noqa: F401
+from cmasd.tools.bench.report import line_styles, write_json  # noqa: F401
+from cmasd.tools.bench.scoring import quality_columns  # noqa: F401

@@ -1,0 +1,3 @@
+from cmasd.tools.bench.cli import cli_main
+
+cli_main()

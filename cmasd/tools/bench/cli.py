@@ -1,0 +1,260 @@
+"""The command line of cmasd-bench (and what cmasd-tune shares of it), and the main program."""
+
+import argparse
+import logging
+import os
+import sys
+import typing
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import torch
+
+from cmasd.tools.bench.configs import (
+    CONFIGS,
+    DEFAULT_CONFIGS,
+    DRAFTER_OPTIONS,
+    BenchConfig,
+    BenchError,
+    parse_assignments,
+    resolve_configs,
+)
+from cmasd.tools.bench.loading import (
+    Setup,
+    build_batches,
+    build_generator,
+    config_record,
+    drafter_paths,
+    load_setup,
+)
+from cmasd.tools.bench.measure import measure_all
+from cmasd.tools.bench.report import (
+    columns,
+    device_name,
+    environment,
+    make_rows,
+    markdown_table,
+    plot_latency_throughput,
+    write_json,
+)
+from cmasd.tools.bench.scoring import (
+    TextTools,
+    load_spm,
+    read_references,
+    references_path,
+)
+
+PROG = "cmasd-bench"
+logger = logging.getLogger("cmasd.bench")
+
+# --------------------------------------------------------------------------- command line
+
+
+def config_listing(indent: str = "") -> str:
+    """One line per named configuration: its name and description."""
+    width = max(map(len, CONFIGS))
+    return "\n".join(f"{indent}{c.name:{width}}  {c.description}" for c in CONFIGS.values())
+
+
+class ListConfigs(argparse.Action):
+    """``--configs help`` prints every named configuration and exits; any other value
+    is stored."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values.strip() == "help":
+            print(config_listing())
+            parser.exit()
+        setattr(namespace, self.dest, values)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with errors as the one line ``PROG: error: ...`` (exit 2)."""
+
+    def error(self, message):
+        fail(self.prog, message)
+
+
+def fail(prog: str, message: str) -> typing.NoReturn:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
+    """Options shared by cmasd-bench and cmasd-tune."""
+    parser.add_argument("data", metavar="DATA", help="fairseq data-bin directory (dict.*.txt, binarized splits)")
+    parser.add_argument("--path", required=True, help="verifier checkpoint (fairseq translation model)")
+    parser.add_argument("--drafter-path", help="Spec-Drafter checkpoint (needed by the configurations that draft "
+                        "with it: most speculative ones)")
+    parser.add_argument("--ar-drafter-path", help="autoregressive draft model checkpoint (a fairseq Transformer with "
+                        "the verifier's dictionary; needed by the ar-* configurations)")
+    parser.add_argument("--gen-subset", default=gen_subset, help=f"split to decode (default: {gen_subset})")
+    parser.add_argument("--source-lang", help="default: the verifier checkpoint's")
+    parser.add_argument("--target-lang", help="default: the verifier checkpoint's")
+    parser.add_argument("--max-sentences", type=int, help="decode only the first N sentences of the split")
+    parser.add_argument("--repeats", type=int, help="recorded passes over the split")
+    parser.add_argument("--warmup", type=int, default=1, help="unrecorded passes first (default: 1)")
+    parser.add_argument("--warmup-batches", type=int, default=8,
+                        help="batches per batch size in an unrecorded pass (default: %(default)s; 0: all)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch CPU threads (default: torch's current, %(default)s here)")
+    parser.add_argument("--cpu", action="store_true", help="run on CPU even where CUDA is available")
+    parser.add_argument("--fp16", action="store_true", help="half-precision models (GPU)")
+    parser.add_argument("--spm-model", help="sentencepiece model to detokenize output (default: DATA/spm.model "
+                        "if present, else fairseq's --post-process sentencepiece rule)")
+    parser.add_argument("--references", help="raw (untokenized) references, one per line of the whole split "
+                        "(default: DATA/raw/SUBSET.TGT)")
+    parser.add_argument("--metric", choices=["bleu", "rouge"], default="bleu",
+                        help="bleu: sacreBLEU (13a); rouge: ROUGE-1/2/L F1 with stemming")
+    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
+                        help="SpeculativeDecodingConfig field for every speculative configuration "
+                        "(e.g. --set spec_beta=5 cmasd_gamma=0.5); a configuration's own settings win")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="configurations:\n" + config_listing(indent="  "))
+    add_common_args(parser, gen_subset="test")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, action=ListConfigs,
+                        help="comma-separated names, or NAME:KEY=VALUE;KEY=VALUE; 'help' lists the names "
+                        "(default: %(default)s)")
+    parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"), help="default: %(default)s")
+    parser.set_defaults(repeats=3)
+    return parser
+
+
+def parse_batch_sizes(text: str) -> List[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise BenchError(f"--batch-sizes: expected comma-separated positive integers, got {text!r}") from None
+    if not sizes or any(s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
+        raise BenchError(f"--batch-sizes: expected distinct positive integers, got {text!r}")
+    return sizes
+
+
+def check_args(args) -> None:
+    """Everything that can be checked before loading anything."""
+    if not os.path.isdir(args.data):
+        raise BenchError(f"data directory not found: {args.data}")
+    if not os.path.isfile(args.path):
+        raise BenchError(f"--path: no checkpoint file at {args.path!r}")
+    for role, path in drafter_paths(args).items():
+        if not os.path.isfile(path):
+            raise BenchError(f"{DRAFTER_OPTIONS[role]}: no checkpoint file at {path!r}")
+    if args.repeats < 1 or args.warmup < 0 or args.warmup_batches < 0:
+        raise BenchError("--repeats must be >= 1, --warmup and --warmup-batches >= 0")
+    if args.threads < 1:
+        raise BenchError(f"--threads: must be >= 1, got {args.threads}")
+    if args.max_sentences is not None and args.max_sentences < 1:
+        raise BenchError(f"--max-sentences: must be >= 1, got {args.max_sentences}")
+    if args.spm_model is not None and not os.path.isfile(args.spm_model):
+        raise BenchError(f"--spm-model: file not found: {args.spm_model}")
+
+
+
+# --------------------------------------------------------------------------- main
+
+
+@dataclass
+class Bench:
+    """A loaded setup with its text tools and references, ready to measure."""
+
+    setup: Setup
+    text: TextTools
+    refs: List[str]
+    spm_path: Optional[str]
+    refs_path: str
+
+
+def drafter_roles(configs: Sequence[BenchConfig]) -> List[str]:
+    """The model drafters the configurations draft with (keys of ``DRAFTER_OPTIONS``)."""
+    return sorted({c.drafter for c in configs if c.speculative and c.drafter in DRAFTER_OPTIONS})
+
+
+def prepare(args, configs: Sequence[BenchConfig]) -> Bench:
+    """Check, load the models and the split, and read the references."""
+    check_args(args)
+    paths = drafter_paths(args)
+    for role in drafter_roles(configs):
+        if role not in paths:
+            users = ", ".join(c.name for c in configs if c.speculative and c.drafter == role)
+            raise BenchError(f"{DRAFTER_OPTIONS[role]} is required by the configurations {users}")
+    setup = load_setup(args, drafter_roles(configs))
+    tgt_lang = setup.task.cfg.target_lang
+    refs_path = references_path(args, tgt_lang)
+    refs = read_references(refs_path, setup.split_size)
+    spm, spm_path = load_spm(args)
+    return Bench(setup, TextTools(setup.task.target_dictionary, spm, args.metric), refs, spm_path, refs_path)
+
+
+def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes: Sequence[int],
+                global_overrides: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Build the generators and batches, measure, and make the rows."""
+    paths = drafter_paths(args)
+    generators = {c.name: build_generator(bench.setup, c, global_overrides, paths) for c in configs}
+    batches = {bs: build_batches(bench.setup, bs) for bs in batch_sizes}
+    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches)
+    return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
+
+
+def report_record(args, bench: Bench, configs, global_overrides, rows, extra=None) -> Dict[str, Any]:
+    record = environment(args, bench.setup)
+    record.update({
+        "metric": args.metric,
+        "references": os.path.abspath(bench.refs_path),
+        "detokenizer": f"sentencepiece {bench.spm_path}" if bench.spm_path else "fairseq post_process sentencepiece",
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "warmup_batches": args.warmup_batches,
+        "global_overrides": dict(global_overrides),
+        "configs": {c.name: config_record(c, global_overrides, drafter_paths(args)) for c in configs},
+        "columns": columns(args.metric),
+        "rows": rows,
+    })
+    record.update(extra or {})
+    return record
+
+
+def main(args) -> None:
+    configs = resolve_configs(args.configs)
+    batch_sizes = parse_batch_sizes(args.batch_sizes)
+    global_overrides = parse_assignments(args.overrides)
+    bench = prepare(args, configs)
+    rows = run_configs(bench, args, configs, batch_sizes, global_overrides)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    table = markdown_table(rows, args.metric)
+    with open(os.path.join(args.out_dir, "bench.md"), "w", encoding="utf-8") as f:
+        f.write(table + "\n")
+    record = report_record(args, bench, configs, global_overrides, rows, {"batch_sizes": batch_sizes})
+    write_json(os.path.join(args.out_dir, "bench.json"), record)
+    title = f"{os.path.basename(os.path.normpath(args.data))} {args.gen_subset}, {device_name(bench.setup.device)}"
+    plot_latency_throughput(rows, os.path.join(args.out_dir, "latency-throughput.png"), title)
+    print(table)
+    logger.info(f"wrote bench.md, bench.json and latency-throughput.png to {args.out_dir}")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                        level=logging.INFO, stream=sys.stderr, force=True)
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
+
+
+def run_cli(parser: argparse.ArgumentParser, main_fn) -> None:
+    """Parse, run, and turn ``BenchError`` into the one-line error."""
+    args = parser.parse_args()
+    setup_logging()
+    try:
+        main_fn(args)
+    except BenchError as e:
+        fail(parser.prog, str(e))
+
+
+def cli_main() -> None:
+    run_cli(build_parser(), main)
+
+
+if __name__ == "__main__":
+    cli_main()

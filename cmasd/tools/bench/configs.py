@@ -1,0 +1,261 @@
+"""Named and ad-hoc configurations of cmasd-bench: what each row decodes with."""
+
+import enum
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+FLOOR = "floor"
+GREEDY = "greedy"
+BEAM5 = "beam5"
+
+# The drafter a speculative configuration drafts with, and the command-line option that
+# gives its checkpoint: the Spec-Drafter, or an autoregressive draft model.
+DRAFTER_OPTIONS = {"spec": "--drafter-path", "ar": "--ar-drafter-path"}
+NO_DRAFTER = "none"  # lookups alone, or nothing drafted (loop-greedy)
+
+
+class BenchError(Exception):
+    """A user-facing error: one line on stderr, exit status 2."""
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One decoder to measure: fairseq's SequenceGenerator with ``beam`` or, when
+    ``beam`` is None, the speculative generator with ``overrides`` applied to
+    ``SpeculativeDecodingConfig`` and the model drafter ``drafter`` (a key of
+    ``DRAFTER_OPTIONS``, or ``none``)."""
+
+    name: str
+    description: str
+    beam: Optional[int] = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    drafter: str = NO_DRAFTER
+
+    @property
+    def speculative(self) -> bool:
+        return self.beam is None
+
+    @property
+    def kind(self) -> str:
+        return "speculative" if self.speculative else "fairseq"
+
+
+# The building blocks of Table III of the CM-ASD paper (arXiv:2508.15371). "Fixed tau" is SpecDec's
+# top-beta + gap rule with its own threshold --spec-tau (default 1.0, set it with
+# --set spec_tau=...); "adaptive tau" is CM-ASD's tau_base + gamma * f(confidence).
+FIXED_K10 = {"spec_controller": "fixed", "spec_k": 10}
+ADAPTIVE_K = {"spec_controller": "cmasd"}
+FIXED_TAU = {"spec_acceptance": "topk-gap"}
+ADAPTIVE_TAU = {"spec_acceptance": "cmasd"}
+EXACT = {"spec_acceptance": "exact"}
+FULL_CMASD = {**ADAPTIVE_K, **ADAPTIVE_TAU, "cmasd_confidence": "ensemble"}
+# On a CPU a verifier pass over k+1 positions costs more the longer the block (8 ms for 1,
+# 15 ms for 11 with the compact verifier on 2 cores): cap k, and run only the slots sent.
+SHORT_BLOCK = {"spec_k_max": 4, "spec_draft_block": 4}
+EIGHT_BLOCK = {"spec_k_max": 8, "spec_draft_block": 8}
+# The verifier's repetition loops, which the drafter does not predict, drafted from the row's history.
+HISTORY = {"spec_history_ngram": 3}
+# Names, numbers and punctuation runs copied from the source sentence.
+SOURCE = {"spec_source_ngram": 2}
+# An autoregressive draft model drafting gamma tokens one at a time.
+AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
+# Lookups with no model drafter behind them: rows without a match send nothing.
+LOOKUPS_ALONE = {"spec_controller": "fixed", "spec_k": 8}
+
+
+def speculative(name: str, description: str, *parts: Mapping[str, Any], drafter: str = "spec") -> BenchConfig:
+    merged: Dict[str, Any] = {}
+    for part in parts:
+        merged.update(part)
+    return BenchConfig(name, description, overrides=merged, drafter=drafter)
+
+
+def ar_configs(gamma: int) -> List[BenchConfig]:
+    """The autoregressive draft model at draft length ``gamma``: lossless and lenient."""
+    return [
+        speculative(f"ar-g{gamma}-exact", f"autoregressive draft model, gamma={gamma}, exact acceptance (lossless)",
+                    AR, {"spec_k": gamma}, EXACT, drafter="ar"),
+        speculative(f"ar-g{gamma}", f"autoregressive draft model, gamma={gamma}, top-beta + fixed tau (lenient)",
+                    AR, {"spec_k": gamma}, FIXED_TAU, drafter="ar"),
+    ]
+
+
+CONFIGS: Dict[str, BenchConfig] = {
+    c.name: c
+    for c in [
+        BenchConfig(BEAM5, "fairseq SequenceGenerator, beam 5", beam=5),
+        BenchConfig(GREEDY, "fairseq SequenceGenerator, beam 1 (greedy)", beam=1),
+        speculative("loop-greedy", "cmasd's loop with nothing drafted (--spec-k 0): the verifier alone, "
+                    "greedy; what the loop and its kernels save over fairseq's, without a drafter",
+                    {"spec_k": 0}, EXACT, drafter=NO_DRAFTER),
+        speculative("loop-greedy-native", "loop-greedy on torch's default linear kernels (--spec-kernels "
+                    "native, as fairseq runs them): what the loop alone saves", {"spec_k": 0, "spec_kernels": "native"},
+                    EXACT, drafter=NO_DRAFTER),
+        speculative("specdec-k10", "SpecDec: fixed k=10, top-beta + fixed tau", FIXED_K10, FIXED_TAU),
+        speculative("specdec-k25", "SpecDec: fixed k=25, top-beta + fixed tau", FIXED_K10, {"spec_k": 25}, FIXED_TAU),
+        speculative("specdec-k10-exact", "fixed k=10, exact acceptance (lossless)", FIXED_K10, EXACT),
+        speculative("specdec-k5-exact", "fixed k=5 and a 5-slot drafter block, exact acceptance (lossless; "
+                    "the fastest fixed k on a 2-core CPU)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT),
+        speculative("specdec-k25-exact", "fixed k=25, exact acceptance (lossless)", FIXED_K10, {"spec_k": 25}, EXACT),
+        speculative("cmasd", "CM-ASD: adaptive k + adaptive tau, ensemble confidence", FULL_CMASD),
+        speculative("cmasd-k4", "CM-ASD with k_max=4 and a 4-slot drafter block (the operating point "
+                    "cmasd-tune found on a 2-core CPU)", FULL_CMASD, SHORT_BLOCK),
+        speculative("cmasd-k8", "CM-ASD with k_max=8 and an 8-slot drafter block (the faster cap with a "
+                    "one-hour drafter)", FULL_CMASD, EIGHT_BLOCK),
+        speculative("cmasd-k8-history", "cmasd-k8 with history drafts (--spec-history-ngram 3): a row that "
+                    "repeats its last 3 tokens drafts their earlier continuation", FULL_CMASD, EIGHT_BLOCK, HISTORY),
+        speculative("cmasd-k8-source", "cmasd-k8 with source drafts (--spec-source-ngram 2): a row whose last 2 "
+                    "tokens occur in its source drafts what follows them there", FULL_CMASD, EIGHT_BLOCK, SOURCE),
+        speculative("specdec-k5-exact-history", "specdec-k5-exact with history drafts (--spec-history-ngram 3; "
+                    "lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT, HISTORY),
+        speculative("specdec-k5-exact-source", "specdec-k5-exact with source drafts (--spec-source-ngram 2; "
+                    "lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT, SOURCE),
+        *ar_configs(2),
+        *ar_configs(4),
+        *ar_configs(6),
+        speculative("ar-g4-exact-history", "ar-g4-exact with history drafts (--spec-history-ngram 3; lossless)",
+                    AR, {"spec_k": 4}, EXACT, HISTORY, drafter="ar"),
+        speculative("ar-g4-exact-source", "ar-g4-exact with source drafts (--spec-source-ngram 2; lossless)",
+                    AR, {"spec_k": 4}, EXACT, SOURCE, drafter="ar"),
+        speculative("history-k8-exact", "history drafts alone (--spec-history-ngram 3, no model drafter), up to 8 "
+                    "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, HISTORY, EXACT, drafter=NO_DRAFTER),
+        speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "
+                    "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, SOURCE, EXACT, drafter=NO_DRAFTER),
+        speculative("cmasd-exact", "CM-ASD's adaptive k, exact acceptance (lossless)", ADAPTIVE_K, EXACT),
+        speculative("cmasd-text-tau", "CM-ASD with tau = tau_base + gamma*C (the paper's text)",
+                    FULL_CMASD, {"cmasd_tau_schedule": "confidence"}),
+        speculative("abl-fixedk-fixedtau", "Table III w/o confidence: fixed k=10, fixed tau (= specdec-k10)",
+                    FIXED_K10, FIXED_TAU),
+        speculative("abl-fixedk-adaptivetau", "Table III w/o adaptive drafting: fixed k=10, adaptive tau",
+                    FIXED_K10, ADAPTIVE_TAU, {"cmasd_confidence": "ensemble"}),
+        speculative("abl-adaptivek-fixedtau", "Table III w/o adaptive verification: adaptive k, fixed tau",
+                    ADAPTIVE_K, FIXED_TAU, {"cmasd_confidence": "ensemble"}),
+        speculative("abl-entropy", "Table III: full CM-ASD, entropy confidence only",
+                    FULL_CMASD, {"cmasd_confidence": "entropy"}),
+        speculative("abl-logit-margin", "Table III: full CM-ASD, logit-margin confidence only",
+                    FULL_CMASD, {"cmasd_confidence": "logit-margin"}),
+        speculative("abl-softmax-margin", "Table III: full CM-ASD, softmax-margin confidence only",
+                    FULL_CMASD, {"cmasd_confidence": "softmax-margin"}),
+        speculative("abl-full", "Table III: full CM-ASD (= cmasd)", FULL_CMASD),
+    ]
+}
+# The defaults need only --drafter-path (the Spec-Drafter); the ar-* rows need --ar-drafter-path.
+DEFAULT_CONFIGS = (
+    "beam5,greedy,loop-greedy-native,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
+    "specdec-k5-exact-history,cmasd,cmasd-k4,cmasd-k8,cmasd-k8-history"
+)
+
+# A comma starts a new configuration only where a name follows (so that values such as
+# cmasd_weights=0.5,0.25,0.25 keep their commas).
+CONFIG_SEPARATOR = re.compile(r",(?=\s*[A-Za-z][\w.-]*\s*(?::|,|$))")
+CONFIG_NAME = re.compile(r"^[A-Za-z][\w.-]*$")
+
+
+def spec_fields() -> Dict[str, Any]:
+    """The settable ``SpeculativeDecodingConfig`` fields and their types
+    (``drafter_path`` comes from ``--drafter-path`` or ``--ar-drafter-path``)."""
+    from cmasd.options import SpeculativeDecodingConfig
+
+    return {f.name: f.type for f in fields(SpeculativeDecodingConfig) if f.name not in ("_name", "drafter_path")}
+
+
+def parse_value(key: str, text: str) -> Any:
+    """``text`` converted to the type of the option ``key``."""
+    known = spec_fields()
+    if key not in known:
+        raise BenchError(f"unknown option {key!r}; known: {', '.join(known)}")
+    kind = known[key]
+    text = text.strip()
+    if isinstance(kind, enum.EnumMeta):
+        choices = [c.value for c in kind]
+        if text not in choices:
+            raise BenchError(f"{key}={text}: choose from {', '.join(choices)}")
+        return text
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise BenchError(f"{key}={text}: expected true or false")
+        return text.lower() in ("true", "1", "yes")
+    if kind == Optional[int]:
+        if text.lower() == "none":
+            return None
+        kind = int
+    try:
+        return kind(text)
+    except ValueError:
+        raise BenchError(f"{key}={text}: expected {getattr(kind, '__name__', kind)}") from None
+
+
+def parse_assignments(items: Sequence[str]) -> Dict[str, Any]:
+    """``["key=value", ...]`` to a typed dictionary."""
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BenchError(f"expected KEY=VALUE, got {item!r}")
+        out[key.strip()] = parse_value(key.strip(), value)
+    return out
+
+
+def parse_adhoc_config(item: str) -> BenchConfig:
+    """``NAME:KEY=VALUE;KEY=VALUE``: ``base=NAMED`` starts from a named configuration,
+    ``drafter=spec|ar|none`` names the model drafter (default: the base's, else spec)."""
+    name, _, body = item.partition(":")
+    name = name.strip()
+    if not CONFIG_NAME.match(name) or name in CONFIGS or name == FLOOR:
+        raise BenchError(f"ad-hoc configuration {item!r}: pick a new name of letters, digits, '_', '.', '-'")
+    pairs = [(k.strip(), v.strip()) for k, _, v in (p.partition("=") for p in body.split(";") if p.strip())]
+    overrides: Dict[str, Any] = {}
+    drafter = "spec"
+    for key, value in pairs:
+        if key == "base":
+            if value not in CONFIGS or not CONFIGS[value].speculative:
+                raise BenchError(f"ad-hoc configuration {name}: base={value} is not a named speculative configuration")
+            overrides.update(CONFIGS[value].overrides)
+            drafter = CONFIGS[value].drafter
+    for key, value in pairs:
+        if key == "drafter":
+            if value not in (*DRAFTER_OPTIONS, NO_DRAFTER):
+                raise BenchError(f"ad-hoc configuration {name}: drafter={value}; choose from "
+                                 f"{', '.join((*DRAFTER_OPTIONS, NO_DRAFTER))}")
+            drafter = value
+    overrides.update(parse_assignments([f"{k}={v}" for k, v in pairs if k not in ("base", "drafter")]))
+    return BenchConfig(name, f"ad-hoc: {body.strip()}", overrides=overrides, drafter=drafter)
+
+
+def resolve_configs(text: str) -> List[BenchConfig]:
+    """The configurations of ``--configs``, greedy always included (it is the reference
+    of the relative columns and of the floor)."""
+    chosen: List[BenchConfig] = []
+    for item in (i.strip() for i in CONFIG_SEPARATOR.split(text)):
+        if ":" in item:
+            chosen.append(parse_adhoc_config(item))
+        elif item in CONFIGS:
+            chosen.append(CONFIGS[item])
+        else:
+            raise BenchError(f"unknown configuration {item!r}; known: {', '.join(CONFIGS)} (or NAME:KEY=VALUE;...)")
+    names = [c.name for c in chosen]
+    if len(set(names)) != len(names):
+        raise BenchError(f"a configuration is named twice in --configs: {', '.join(names)}")
+    if GREEDY not in names:
+        chosen.insert(0, CONFIGS[GREEDY])
+    return chosen
+
+
+def spec_options(config: BenchConfig, global_overrides: Mapping[str, Any], drafter_paths: Mapping[str, str]):
+    """The full ``SpeculativeDecodingConfig`` of a speculative configuration, with the
+    checkpoint of its drafter from ``drafter_paths`` (role -> path)."""
+    from cmasd.options import SpeculativeDecodingConfig
+
+    return replace(
+        SpeculativeDecodingConfig(), drafter_path=drafter_paths.get(config.drafter),
+        **{**global_overrides, **config.overrides}
+    )
+
+
+def options_dict(cfg) -> Dict[str, Any]:
+    """A dataclass config as plain JSON values."""
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg) if not f.name.startswith("_")}

@@ -1,0 +1,45 @@
+"""The floor: one teacher-forced verifier pass per batch over greedy's output, the cost
+of merely scoring the answer, on the decoding loops' own layers and kernels."""
+
+from typing import Any, Dict, List, Mapping
+
+import torch
+
+from cmasd.decoding.cache import BlockScorer
+from cmasd.decoding.kernels import resolve_kernels
+
+
+def teacher_forced_input(sample, hypotheses: Mapping[int, List[int]], eos: int, pad: int) -> Dict[str, Any]:
+    """The verifier's input to score ``hypotheses`` in one pass: prev_output_tokens is
+    eos + each hypothesis without its final eos, right-padded."""
+    net_input = sample["net_input"]
+    rows = [[eos] + hypotheses[sid][:-1] for sid in sample["id"].tolist()]
+    prev = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)  # (B, T)
+    for b, row in enumerate(rows):
+        prev[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return {
+        "src_tokens": net_input["src_tokens"],  # (B, S)
+        "src_lengths": net_input["src_lengths"],  # (B,)
+        "prev_output_tokens": prev.to(net_input["src_tokens"].device),  # (B, T)
+    }
+
+
+class FloorScorer:
+    """The floor's pass over a batch: the verifier's encoder, then every target position
+    scored at once by the block scorer the decoding loops verify with, on the kernels
+    ``--spec-kernels auto`` picks (oneDNN-packed for a float32 model on CPU), so that no
+    configuration runs faster layers than the floor. Every row is padded to its batch's
+    longest output: above batch size 1 a decoder that drops finished rows can beat it."""
+
+    def __init__(self, model):
+        self.kernels = resolve_kernels("auto", next(model.parameters()))
+        self.encoder = model.encoder
+        self.scorer = BlockScorer(model.decoder, self.kernels)
+
+    @torch.no_grad()
+    def __call__(self, net_input: Dict[str, Any]) -> torch.Tensor:
+        """Logits (B, T, V) of ``net_input``'s prev_output_tokens (B, T), teacher-forced."""
+        prev = net_input["prev_output_tokens"]  # (B, T)
+        encoder_out = self.encoder.forward_torchscript(net_input)
+        cache = self.scorer.start(encoder_out, prev.size(1))
+        return self.scorer.score(cache, prev, prev.new_zeros(prev.size(0)))

@@ -1,0 +1,156 @@
+"""Loading once what every measurement shares (the verifier, the drafters, the split,
+the batches) and building each configuration's generator."""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Sequence
+
+import torch
+
+from cmasd.tools.bench.configs import (
+    BenchConfig,
+    BenchError,
+    options_dict,
+    spec_options,
+)
+from cmasd.tools.bench.floor import FloorScorer
+
+# --------------------------------------------------------------------------- loading
+
+
+def first_sentences(dataset, n: int):
+    """The first ``n`` sentences (indices 0 .. n-1) of a fairseq dataset, batched by
+    fairseq exactly as it batches the whole split (length-sorted)."""
+    from fairseq.data import BaseWrapperDataset
+
+    class FirstN(BaseWrapperDataset):
+        def __len__(self):
+            return n
+
+        def ordered_indices(self):
+            indices = self.dataset.ordered_indices()
+            return indices[indices < n]
+
+    return FirstN(dataset)
+
+
+@dataclass
+class Setup:
+    """What every measurement shares, loaded once."""
+
+    task: Any
+    model: Any  # the verifier
+    drafters: Dict[str, Any]  # role (configs.DRAFTER_OPTIONS) -> drafter model, for the roles measured
+    dataset: Any
+    device: torch.device
+    size: int  # sentences measured
+    split_size: int  # sentences in the whole split
+    floor: "FloorScorer"  # the floor's teacher-forced pass, its layers prepared once
+
+
+def load_verifier(args):
+    """The verifier and its ``translation`` task, with ``DATA`` as the data path."""
+    from fairseq import checkpoint_utils
+
+    from cmasd.checkpoint import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    overrides = {"data": args.data}
+    if args.source_lang:
+        overrides["source_lang"] = args.source_lang
+    if args.target_lang:
+        overrides["target_lang"] = args.target_lang
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides=overrides)
+    except FileNotFoundError as e:  # usually a dictionary missing from DATA
+        raise BenchError(f"loading {args.path} with data {args.data}: {e}") from None
+    return models[0], task
+
+
+def load_split(task, args):
+    """The ``--gen-subset`` split, cut to ``--max-sentences``; and the split's size."""
+    try:
+        task.load_dataset(args.gen_subset)
+    except FileNotFoundError as e:
+        raise BenchError(f"--gen-subset {args.gen_subset}: {e}") from None
+    dataset = task.dataset(args.gen_subset)
+    if args.max_sentences is not None and args.max_sentences < len(dataset):
+        return first_sentences(dataset, args.max_sentences), len(dataset)
+    return dataset, len(dataset)
+
+
+def choose_device(args) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+
+
+def drafter_paths(args) -> Dict[str, str]:
+    """Role -> checkpoint of the drafters given on the command line."""
+    given = {"spec": args.drafter_path, "ar": args.ar_drafter_path}
+    return {role: path for role, path in given.items() if path is not None}
+
+
+def load_setup(args, roles: Sequence[str]) -> Setup:
+    """Verifier, the drafters of ``roles`` and the split, on the chosen device, in eval mode."""
+    import fairseq_plugins  # noqa: F401  (registers the drafter models; fairseq 0.12.2 fixes)
+    from cmasd.options import load_drafter_model
+
+    torch.set_num_threads(args.threads)
+    device = choose_device(args)
+    model, task = load_verifier(args)
+    model = (model.half() if args.fp16 else model).to(device).eval()
+    paths = drafter_paths(args)
+    try:
+        drafters = {role: load_drafter_model(paths[role], task, like=next(model.parameters())) for role in roles}
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    dataset, split_size = load_split(task, args)
+    return Setup(task, model, drafters, dataset, device, len(dataset), split_size, FloorScorer(model))
+
+
+def build_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
+    """Every batch of the split at ``batch_size``, collated and on the device."""
+    from fairseq import utils
+
+    iterator = setup.task.get_batch_iterator(
+        dataset=setup.dataset,
+        max_sentences=batch_size,
+        max_positions=utils.resolve_max_positions(setup.task.max_positions(), setup.model.max_positions()),
+        ignore_invalid_inputs=False,
+        disable_iterator_cache=True,
+    ).next_epoch_itr(shuffle=False)
+    return [utils.move_to_cuda(s, setup.device) if setup.device.type == "cuda" else s for s in iterator]
+
+
+# --------------------------------------------------------------------------- generators
+
+
+def generation_config(beam: int):
+    """fairseq's generation options, defaults but for the beam."""
+    from fairseq.dataclass.configs import GenerationConfig
+
+    return GenerationConfig(beam=beam)
+
+
+def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping[str, Any],
+                    paths: Mapping[str, str]):
+    """fairseq's SequenceGenerator, or the speculative generator, for ``config``."""
+    if not config.speculative:
+        return setup.task.build_generator([setup.model], generation_config(config.beam))
+    from cmasd.options import build_speculative_generator
+
+    options = spec_options(config, global_overrides, paths)
+    try:
+        return build_speculative_generator(
+            [setup.model], setup.drafters.get(config.drafter), setup.task, generation_config(1), options,
+            log_stats=False,
+        )
+    except ValueError as e:
+        raise BenchError(f"configuration {config.name}: {e}") from None
+
+
+def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str]) -> Dict[str, Any]:
+    """The full option values of a configuration, for bench.json."""
+    if config.speculative:
+        options = options_dict(spec_options(config, global_overrides, paths))
+    else:
+        options = options_dict(generation_config(config.beam))
+    return {"description": config.description, "kind": config.kind, "drafter": config.drafter, "options": options}

@@ -1,0 +1,129 @@
+"""Timing: decoding the split with every configuration, the floor, warm-up and interleaved repetitions."""
+
+import logging
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from cmasd.decoding.generator import SpeculativeGenerator
+from cmasd.decoding.stats import DecodeStats
+from cmasd.tools.bench.configs import FLOOR, GREEDY
+from cmasd.tools.bench.floor import teacher_forced_input
+from cmasd.tools.bench.loading import Setup
+
+logger = logging.getLogger("cmasd.bench")
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def clock(device: torch.device) -> float:
+    """``perf_counter`` after the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def best_tokens(sample, hypos) -> Dict[int, List[int]]:
+    """Sentence id -> token ids of the best hypothesis (eos included; [] if none)."""
+    return {
+        int(sid): (hypos[b][0]["tokens"].tolist() if hypos[b] else [])
+        for b, sid in enumerate(sample["id"].tolist())
+    }
+
+
+@dataclass
+class Run:
+    """One recorded or unrecorded pass of one configuration at one batch size."""
+
+    batch_seconds: List[float]  # of each batch, in order
+    hypotheses: Optional[Dict[int, List[int]]] = None  # None for the floor
+    batch_longest: Optional[List[int]] = None  # longest output of each batch; None for the floor
+    stats: Optional[Dict[str, Any]] = None  # the speculative generator's summary
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.batch_seconds)
+
+
+def decode_split(generator, setup: Setup, batches) -> Run:
+    """Decode every batch; only the ``generate`` (fairseq) or ``decode`` (speculative)
+    calls are timed. A speculative generator's statistics are those of these calls."""
+    speculative = isinstance(generator, SpeculativeGenerator)
+    stats = DecodeStats()
+    batch_seconds, hypotheses, longest = [], {}, []
+    for sample in batches:
+        start = clock(setup.device)
+        if speculative:
+            hypos, batch_stats = generator.decode(sample)
+        else:
+            hypos = generator.generate([setup.model], sample)
+        batch_seconds.append(clock(setup.device) - start)
+        if speculative:
+            stats.add(batch_stats)
+        best = best_tokens(sample, hypos)
+        hypotheses.update(best)
+        longest.append(max(len(tokens) for tokens in best.values()))
+    return Run(batch_seconds, hypotheses, longest, stats.summary() if speculative else None)
+
+
+def score_split(setup: Setup, inputs: Sequence[Dict[str, Any]]) -> Run:
+    """The floor: one teacher-forced verifier pass per batch, timed."""
+    batch_seconds = []
+    for net_input in inputs:
+        start = clock(setup.device)
+        setup.floor(net_input)
+        batch_seconds.append(clock(setup.device) - start)
+    return Run(batch_seconds)
+
+
+@dataclass
+class Measurements:
+    """Every recorded run: (name, batch size) -> one Run per repetition."""
+
+    runs: Dict[Tuple[str, int], List[Run]] = field(default_factory=lambda: defaultdict(list))
+
+    def seconds(self, name: str, bs: int) -> List[float]:
+        return [r.seconds for r in self.runs[(name, bs)]]
+
+    def first(self, name: str, bs: int) -> Run:
+        return self.runs[(name, bs)][0]
+
+    def batch_seconds(self, name: str, bs: int) -> List[float]:
+        """Seconds of each batch, mean over repetitions."""
+        return [statistics.fmean(batch) for batch in zip(*(r.batch_seconds for r in self.runs[(name, bs)]))]
+
+
+def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[int, list], warmup: int,
+                repeats: int, warmup_batches: int = 0) -> Measurements:
+    """``warmup`` unrecorded passes (over the first ``warmup_batches`` batches of each
+    batch size; 0: all), then ``repeats`` recorded passes; each pass runs every
+    configuration and the floor at every batch size."""
+    tgt_dict = setup.task.target_dictionary
+    floor_inputs: Dict[int, list] = {}
+    out = Measurements()
+    for n in range(warmup + repeats):
+        recorded = n >= warmup
+        label = f"rep {n - warmup + 1}/{repeats}" if recorded else f"warm-up {n + 1}/{warmup}"
+        for bs, all_batches in batches.items():
+            bs_batches = all_batches if recorded or not warmup_batches else all_batches[:warmup_batches]
+            for name, generator in generators.items():
+                run = decode_split(generator, setup, bs_batches)
+                if bs not in floor_inputs and name == GREEDY and bs_batches is all_batches:
+                    floor_inputs[bs] = [
+                        teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad()) for s in bs_batches
+                    ]
+                log_run(label, name, bs, run, recorded, out)
+            if bs in floor_inputs:
+                log_run(label, FLOOR, bs, score_split(setup, floor_inputs[bs][: len(bs_batches)]), recorded, out)
+    return out
+
+
+def log_run(label: str, name: str, bs: int, run: Run, recorded: bool, out: Measurements) -> None:
+    logger.info(f"{label}: {name} at batch size {bs}: {run.seconds:.3f} s")
+    if recorded:
+        out.runs[(name, bs)].append(run)

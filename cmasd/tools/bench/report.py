@@ -1,0 +1,310 @@
+"""Rows, the markdown table, the latency-throughput figure and bench.json."""
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+import torch
+
+from cmasd.tools.bench.configs import BEAM5, FLOOR, GREEDY, BenchConfig
+from cmasd.tools.bench.loading import Setup
+from cmasd.tools.bench.measure import Measurements
+from cmasd.tools.bench.scoring import TextTools, bleu, quality_columns
+
+# --------------------------------------------------------------------------- rows
+
+
+COLUMNS: Dict[str, str] = {
+    "config": "configuration name",
+    "kind": "fairseq | speculative | floor",
+    "batch_size": "sentences per batch",
+    "sentences": "sentences decoded",
+    "batches": "batches per pass",
+    "bleu": "sacreBLEU of the detokenized output against the raw references (--metric bleu)",
+    "rouge1": "ROUGE-1 F1 x 100 (--metric rouge)",
+    "rouge2": "ROUGE-2 F1 x 100 (--metric rouge)",
+    "rougeL": "ROUGE-L F1 x 100 (--metric rouge)",
+    "bleu_vs_greedy": "sacreBLEU of the output with greedy's output (same batch size) as reference",
+    "exact_match_vs_greedy": "fraction of sentences with greedy's exact token sequence (same batch size)",
+    "mean_accepted_tokens": "tokens a row gains per verifier iteration (1.0 for greedy; n/a for beam search)",
+    "rollback_rate": "fraction of row-iterations that rejected a drafted token (speculative only)",
+    "mean_k": "drafted tokens sent per row-iteration (speculative only)",
+    "draft_ms_per_iteration": "drafting time per batched iteration, ms (speculative only)",
+    "verify_ms_per_iteration": "verifier pass and fairseq's length/score rules per batched iteration, ms "
+    "(speculative only)",
+    "bookkeeping_ms_per_iteration": "acceptance, appending, statistics, dropping finished rows and growing the "
+    "caches per batched iteration, ms (speculative only)",
+    "tokens": "generated target tokens, eos included (the floor: greedy's, scored)",
+    "seconds_mean": "wall seconds of the generate calls over the split, mean over repetitions",
+    "seconds_std": "their standard deviation (0 with one repetition)",
+    "tokens_per_second": "tokens / seconds_mean",
+    "ms_per_sentence": "1000 * seconds_mean / sentences",
+    "ms_per_batch": "1000 * seconds_mean / batches (the latency of Fig. 2)",
+    "speedup_vs_beam5": "beam5 seconds / these seconds, mean of per-repetition ratios (n/a without beam5)",
+    "speedup_vs_beam5_std": "its standard deviation",
+    "speedup_vs_greedy": "greedy seconds / these seconds, mean of per-repetition ratios",
+    "speedup_vs_greedy_std": "its standard deviation",
+    "x_floor": "these seconds / the floor's seconds, mean of per-repetition ratios",
+    "batch_seconds": "seconds of each batch in order, mean over repetitions (where the time of a pass goes)",
+    "batch_longest_output": "tokens of the longest output of each batch, eos included (n/a for the floor)",
+}
+SPECULATIVE_STATS = [
+    "mean_accepted_tokens", "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration",
+    "bookkeeping_ms_per_iteration",
+]
+
+
+def columns(metric: str) -> Dict[str, str]:
+    """The columns of every row for ``metric``."""
+    drop = {"bleu", "rouge1", "rouge2", "rougeL"} - set(quality_columns(metric))
+    return {k: v for k, v in COLUMNS.items() if k not in drop}
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    """Mean and sample standard deviation (0.0 for a single value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> Tuple[float, float]:
+    """Mean and std of per-repetition ratios."""
+    return mean_std([a / b if b > 0 else math.nan for a, b in zip(numerators, denominators)])
+
+
+def mean_stats(summaries: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The speculative statistics of several repetitions: timings (floats that differ)
+    averaged, the rest (counts, histograms) from the first, decoding being deterministic."""
+    out = dict(summaries[0])
+    for key, value in out.items():
+        values = [s[key] for s in summaries]
+        if isinstance(value, float) and len(set(values)) > 1:
+            out[key] = statistics.fmean(values)
+    return out
+
+
+def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: int, batches: int,
+                   have_beam5: bool) -> Dict[str, Any]:
+    """Seconds, throughput, latency and speed-ups of one row."""
+    secs = m.seconds(name, bs)
+    mean, std = mean_std(secs)
+    beam5 = ratios(m.seconds(BEAM5, bs), secs) if have_beam5 else (None, None)
+    greedy = ratios(m.seconds(GREEDY, bs), secs)
+    return {
+        "tokens": tokens,
+        "seconds_mean": mean,
+        "seconds_std": std,
+        "tokens_per_second": tokens / mean if mean > 0 else math.nan,
+        "ms_per_sentence": 1000.0 * mean / sentences,
+        "ms_per_batch": 1000.0 * mean / batches,
+        "speedup_vs_beam5": beam5[0],
+        "speedup_vs_beam5_std": beam5[1],
+        "speedup_vs_greedy": greedy[0],
+        "speedup_vs_greedy_std": greedy[1],
+        "x_floor": ratios(secs, m.seconds(FLOOR, bs))[0],
+    }
+
+
+def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, refs: List[str],
+                n_batches: int, have_beam5: bool) -> Dict[str, Any]:
+    """Quality, agreement with greedy, speculative statistics and timing of one
+    configuration at one batch size."""
+    ids = sorted(m.first(config.name, bs).hypotheses)
+    hyps = m.first(config.name, bs).hypotheses
+    greedy = m.first(GREEDY, bs).hypotheses
+    hyp_text = [text.detokenize(hyps[i]) for i in ids]
+    greedy_text = [text.detokenize(greedy[i]) for i in ids]
+    stats = mean_stats([r.stats for r in m.runs[(config.name, bs)]]) if config.speculative else None
+    row = {"config": config.name, "kind": config.kind, "batch_size": bs, "sentences": len(ids), "batches": n_batches}
+    row.update(text.quality(hyp_text, [refs[i] for i in ids]))
+    row["bleu_vs_greedy"] = bleu(hyp_text, greedy_text)
+    row["exact_match_vs_greedy"] = statistics.fmean(hyps[i] == greedy[i] for i in ids)
+    row.update({k: (stats[k] if stats else None) for k in SPECULATIVE_STATS})
+    if config.name == GREEDY:
+        row["mean_accepted_tokens"] = 1.0  # one token per verifier pass, by definition
+    tokens = sum(len(hyps[i]) for i in ids)
+    row.update(timing_columns(m, config.name, bs, tokens, len(ids), n_batches, have_beam5))
+    row["batch_seconds"] = m.batch_seconds(config.name, bs)
+    row["batch_longest_output"] = m.first(config.name, bs).batch_longest
+    if stats:
+        row["decode_stats"] = stats
+    return row
+
+
+def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, have_beam5: bool) -> Dict[str, Any]:
+    """The floor at one batch size: timing only (it scores greedy's output)."""
+    greedy = m.first(GREEDY, bs).hypotheses
+    row = {"config": FLOOR, "kind": FLOOR, "batch_size": bs, "sentences": len(greedy), "batches": n_batches}
+    row.update({k: None for k in quality_columns(metric) + ["bleu_vs_greedy", "exact_match_vs_greedy"]})
+    row.update({k: None for k in SPECULATIVE_STATS})
+    tokens = sum(len(t) for t in greedy.values())
+    row.update(timing_columns(m, FLOOR, bs, tokens, len(greedy), n_batches, have_beam5))
+    row["batch_seconds"] = m.batch_seconds(FLOOR, bs)
+    row["batch_longest_output"] = None
+    return row
+
+
+def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, refs: List[str],
+              batch_counts: Mapping[int, int]) -> List[Dict[str, Any]]:
+    """Every configuration at every batch size, then the floor, in order."""
+    have_beam5 = any(c.name == BEAM5 for c in configs)
+    rows = []
+    for bs, n_batches in batch_counts.items():
+        rows += [decoder_row(c, bs, m, text, refs, n_batches, have_beam5) for c in configs]
+        rows.append(floor_row(bs, m, text.metric, n_batches, have_beam5))
+    return rows
+
+
+# --------------------------------------------------------------------------- reports
+
+
+TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
+    ("config", "config", "s"),
+    ("batch_size", "bs", "d"),
+    ("bleu", "BLEU", ".2f"),
+    ("rouge1", "R-1", ".2f"),
+    ("rouge2", "R-2", ".2f"),
+    ("rougeL", "R-L", ".2f"),
+    ("bleu_vs_greedy", "BLEU vs greedy", ".2f"),
+    ("exact_match_vs_greedy", "exact %", "%"),
+    ("mean_accepted_tokens", "tok/iter", ".2f"),
+    ("rollback_rate", "rollback %", "%"),
+    ("mean_k", "mean k", ".2f"),
+    ("draft_ms_per_iteration", "draft ms/iter", ".2f"),
+    ("verify_ms_per_iteration", "verify ms/iter", ".2f"),
+    ("bookkeeping_ms_per_iteration", "bookkeeping ms/iter", ".2f"),
+    ("seconds_mean", "seconds", "±"),
+    ("tokens_per_second", "tok/s", ".1f"),
+    ("ms_per_batch", "ms/batch", ".1f"),
+    ("speedup_vs_beam5", "× beam5", "×"),
+    ("speedup_vs_greedy", "× greedy", "×"),
+    ("x_floor", "× floor time", ".2f"),
+]
+
+
+def cell(row: Dict[str, Any], column: str, fmt: str) -> str:
+    value = row.get(column)
+    if value is None:
+        return "n/a"
+    if fmt == "%":
+        return f"{100 * value:.1f}"
+    if fmt == "±":
+        return f"{value:.3f} ± {row['seconds_std']:.3f}"
+    if fmt == "×":
+        return f"{value:.2f}× ± {row[column + '_std']:.2f}"
+    return format(value, fmt)
+
+
+def markdown_table(rows: Sequence[Dict[str, Any]], metric: str) -> str:
+    shown = [(c, h, f) for c, h, f in TABLE if c in columns(metric)]
+    lines = ["| " + " | ".join(h for _, h, _ in shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(cell(r, c, f) for c, _, f in shown) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def line_styles(names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """A colour per configuration, none repeated and none the floor's (black, dashed):
+    matplotlib's default cycle has 10 colours, one of them grey, and repeats after 10."""
+    from matplotlib import colormaps
+
+    configs = [name for name in names if name != FLOOR]
+    palette = colormaps["tab10" if len(configs) <= 10 else "tab20"].colors
+    if len(configs) > len(palette):
+        palette = [colormaps["turbo"](i / max(len(configs) - 1, 1)) for i in range(len(configs))]
+    styles: Dict[str, Dict[str, Any]] = {name: {"color": palette[i]} for i, name in enumerate(configs)}
+    if FLOOR in names:
+        styles[FLOOR] = {"color": "black", "linestyle": "--"}
+    return styles
+
+
+def plot_latency_throughput(rows: Sequence[Dict[str, Any]], path: str, title: str) -> None:
+    """Fig. 2 of the paper: latency (ms per batch) against throughput (tokens/s),
+    one line per configuration through its batch sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    styles = line_styles(names)
+    for name in names:
+        points = sorted((r["batch_size"], r["tokens_per_second"], r["ms_per_batch"]) for r in rows if r["config"] == name)
+        ax.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=name, **styles[name])
+        for bs, x, y in points:
+            ax.annotate(str(bs), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ticker.ScalarFormatter())
+        axis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel("throughput (generated tokens / s); points labelled with the batch size")
+    ax.set_ylabel("latency (ms per batch)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def versions() -> Dict[str, str]:
+    import importlib.metadata as metadata
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name, dist in [("fairseq", "fairseq"), ("sacrebleu", "sacrebleu"), ("sentencepiece", "sentencepiece"),
+                       ("rouge-score", "rouge-score"), ("matplotlib", "matplotlib"), ("cmasd", "cmasd")]:
+        try:
+            out[name] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            import fairseq
+
+            out[name] = fairseq.__version__ if name == "fairseq" else "not installed"
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def environment(args, setup: Setup) -> Dict[str, Any]:
+    """Reproducibility record: command, versions, threads, device, date."""
+    return {
+        "command": sys.argv,
+        "versions": versions(),
+        "threads": torch.get_num_threads(),
+        "device": device_name(setup.device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "data": os.path.abspath(args.data),
+        "gen_subset": args.gen_subset,
+        "verifier": os.path.abspath(args.path),
+        "drafter": os.path.abspath(args.drafter_path) if args.drafter_path else None,
+        "ar_drafter": os.path.abspath(args.ar_drafter_path) if args.ar_drafter_path else None,
+        "sentences": setup.size,
+        "split_sentences": setup.split_size,
+        "fp16": args.fp16,
+        "floor_kernels": setup.floor.kernels,
+    }
+
+
+def write_json(path: str, record: Dict[str, Any]) -> None:
+    """``record`` with NaN/inf written as null (strict JSON)."""
+
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(clean(record), f, indent=2, allow_nan=False)
+        f.write("\n")

@@ -1,0 +1,77 @@
+"""Draft-length controllers: how many drafted tokens each row sends to the verifier
+(the contract: ``cmasd.verification.base.Controller``).
+
+* ``fixed``: SpecDec's fixed draft length k (``--spec-k``).
+* ``cmasd``: CM-ASD's confidence-scaled draft length (Waghela et al.,
+  "Confidence-Modulated Speculative Decoding for Large Language Models",
+  arXiv:2508.15371, Sec. III-B(b)).
+
+``limit`` is the most tokens the drafter can draft in one pass (the Spec-Drafter's
+block), or None where there is none (an autoregressive draft model, n-gram lookups).
+"""
+
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from cmasd.drafters.base import Draft
+from cmasd.verification.base import Controller, Needs, RowState
+
+
+def within(option: str, value: int, low: int, limit: Optional[int], what: str = "the drafter's block") -> None:
+    """Refuse ``value`` outside [low, limit] (limit None: no upper bound), naming ``option``."""
+    if limit is None:
+        if value < low:
+            raise ValueError(f"{option}: must be >= {low}, got {value}")
+    elif not low <= value <= limit:
+        raise ValueError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")
+
+
+class Fixed(Controller):
+    """SpecDec's fixed draft length k. ``k = 0`` drafts nothing: the verifier decodes
+    greedily through the same loop, the reference that separates what drafting gains
+    from what the loop itself costs or saves against fairseq's SequenceGenerator."""
+
+    def __init__(self, k: int, limit: Optional[int]):
+        within("--spec-k", k, 0, limit)
+        self.k = k
+        self.horizon = k
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "Fixed":
+        return cls(cfg.spec_k, limit)
+
+    def propose(self, state: RowState, draft: Draft) -> Tensor:
+        return torch.full(draft.tokens.shape[:1], self.k, dtype=torch.long, device=draft.tokens.device)  # (B,)
+
+
+class ConfidenceScaled(Controller):
+    """CM-ASD's adaptive draft length:
+    k_j = min(k_max, max(k_min, floor(alpha * mean(C_{j+1..j+k_max}) * k_max)))."""
+
+    needs = Needs(confidence=True)
+
+    def __init__(self, k_min: int, k_max: int, alpha: float, limit: Optional[int]):
+        within("--spec-k-max", k_max, 1, limit)
+        within("--spec-k-min", k_min, 1, k_max, what=f"up to --spec-k-max={k_max}")
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
+        self.k_min, self.k_max, self.alpha = k_min, k_max, alpha
+        self.horizon = k_max
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "ConfidenceScaled":
+        k_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
+        if k_max is None:
+            raise ValueError("--spec-k-max: required with --spec-controller cmasd when the drafter has no block "
+                             "of its own (an autoregressive draft model, lookups alone)")
+        return cls(cfg.spec_k_min, k_max, cfg.cmasd_alpha, limit)
+
+    def propose(self, state: RowState, draft: Draft) -> Tensor:
+        mean = draft.confidence[:, : self.k_max].mean(dim=1)  # (B,)
+        k = torch.floor(self.alpha * mean * self.k_max).long()  # (B,)
+        return k.clamp(min=self.k_min, max=self.k_max)
+
+
+CONTROLLERS: Dict[str, type] = {"fixed": Fixed, "cmasd": ConfidenceScaled}
