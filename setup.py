@@ -25,7 +25,7 @@ setup(
         "rouge-score>=0.1.2",
         "matplotlib>=3.5",
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
     entry_points={
         "console_scripts": [
             "cmasd-bench = cmasd.tools.bench:cli_main",

@@ -21,7 +21,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.decoding.kernels import KERNEL_CHOICES, resolve_kernels
-from cmasd.drafters import DRAFTER_KINDS
+from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.base import Drafter, Nothing
 from cmasd.drafters.compose import Fallback
 from cmasd.drafters.ngram import HistoryNgram, SourceNgram
@@ -122,8 +122,9 @@ class SpeculativeDecodingConfig(FairseqDataclass):
 
 
 def is_speculative(cfg: SpeculativeDecodingConfig) -> bool:
-    """Whether the options name any drafter (a model or a lookup)."""
-    return bool(cfg.drafter_path) or cfg.spec_history_ngram != 0 or cfg.spec_source_ngram != 0
+    """Whether the options name any drafter (a model, its kind, or a lookup)."""
+    return (bool(cfg.drafter_path) or cfg.drafter_kind != AUTO or cfg.spec_history_ngram != 0
+            or cfg.spec_source_ngram != 0)
 
 
 def refuse_unsupported(gen_cfg) -> None:

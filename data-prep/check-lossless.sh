@@ -16,7 +16,8 @@ a bug worth reporting, with the ids this prints.
 
 DATASET   a data-bin directory, or the name of one under data-bin/
 VERIFIER  the verifier checkpoint (.pt)
-DRAFTER   its Spec-Drafter checkpoint (.pt); an untrained one must pass too
+DRAFTER   its drafter checkpoint (.pt): a Spec-Drafter or an autoregressive draft model (the
+          kind is read from the checkpoint); an untrained one must pass too
 
 Options:
   --batch-sizes LIST  comma-separated batch sizes (default 1,7,16)

@@ -32,10 +32,12 @@
 #   summarize DEST            print the sentence counts of every binarized split
 #   parse_common_option ARGS  the options every translation recipe shares (see COMMON_OPTIONS_HELP)
 #   finish_recipe             vocabulary, encoding, filtering, binarization, extra test sets
-#   verifier_width CKPT       the embedding width of a verifier checkpoint (dies when unreadable)
-#   drafter_device_options    sets array DEVICE_OPTIONS: --cpu without CUDA, and
-#                             --drafter-bf16-autocast on a CPU with native bfloat16 (not with
-#                             CMASD_DRAFTER_FP32=1)
+#   drafter_recipe_inputs DATASET VERIFIER
+#                             the inputs of a drafter recipe, checked: sets DATA (the data-bin,
+#                             with train and valid splits), NAME (its folder name), VERIFIER
+#                             (absolute), WIDTH (the verifier's embedding width) and the array
+#                             DEVICE_OPTIONS: --cpu without CUDA, and --drafter-bf16-autocast on
+#                             a CPU with native bfloat16 (not with CMASD_DRAFTER_FP32=1)
 
 set -euo pipefail
 
@@ -75,8 +77,14 @@ fairseq_tool() {
 
 # ------------------------------------------------------------------ drafter training
 
-verifier_width() {
-  PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$1" <<'EOF' || die "cannot read the verifier checkpoint $1"
+drafter_recipe_inputs() {
+  resolve_data_bin "$1"
+  NAME="$(basename "$DATA")"
+  compgen -G "$DATA/train.*.idx" >/dev/null || die "$DATA has no binarized train split (train.*.idx)"
+  compgen -G "$DATA/valid*.idx" >/dev/null || die "$DATA has no binarized valid split (valid*.idx)"
+  [[ -f "$2" ]] || die "verifier checkpoint not found: $2"
+  VERIFIER="$(abs_path "$2")"
+  WIDTH="$(PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" - "$VERIFIER" <<'EOF'
 import sys
 import torch
 from cmasd.checkpoint import allow_fairseq_checkpoints
@@ -84,12 +92,10 @@ allow_fairseq_checkpoints()
 try:
     state = torch.load(sys.argv[1], map_location="cpu")
     print(state["model"]["decoder.embed_tokens.weight"].size(1))
-except Exception as e:  # one message, not a traceback; the caller adds its own line
+except Exception as e:  # one message, not a traceback; the script adds its own line
     sys.exit(f"{type(e).__name__}: {e}")
 EOF
-}
-
-drafter_device_options() {
+)" || die "cannot read the verifier checkpoint $VERIFIER"
   DEVICE_OPTIONS=()
   "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE_OPTIONS=(--cpu)
   # mixed precision on a CPU with native bfloat16 (about twice the updates per hour)

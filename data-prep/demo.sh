@@ -237,7 +237,7 @@ if [[ -f "$OUT/bench.json" && "$OUT/bench.json" -nt "$DRAFTER_PT" ]]; then
 else
   stage_begin bench "cmasd-bench on the test split, batch sizes $BATCH_SIZES, $REPEATS repeats -> $OUT"
   rm -f "$OUT/bench.json"
-  logged env PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m cmasd.bench "$DATA" \
+  logged env PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m cmasd.tools.bench "$DATA" \
     --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test \
     --batch-sizes "$BATCH_SIZES" --repeats "$REPEATS" \
     ${MAX_SENTENCES:+--max-sentences "$MAX_SENTENCES"} --out-dir "$OUT"

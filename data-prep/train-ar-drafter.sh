@@ -46,18 +46,8 @@ case "${1:-}" in
   -h|--help) usage; exit 0 ;;
 esac
 (( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
-DATASET="$1"
-VERIFIER="$2"
+drafter_recipe_inputs "$1" "$2"
 shift 2
-
-resolve_data_bin "$DATASET"
-NAME="$(basename "$DATA")"
-compgen -G "$DATA/train.*.idx" >/dev/null || die "$DATA has no binarized train split (train.*.idx)"
-compgen -G "$DATA/valid*.idx" >/dev/null || die "$DATA has no binarized valid split (valid*.idx)"
-[[ -f "$VERIFIER" ]] || die "verifier checkpoint not found: $VERIFIER"
-VERIFIER="$(abs_path "$VERIFIER")"
-WIDTH="$(verifier_width "$VERIFIER")"
-drafter_device_options
 
 fairseq_tool train
 log "autoregressive draft model for $VERIFIER (width $WIDTH) on $DATA"

@@ -45,21 +45,11 @@ case "${1:-}" in
   -h|--help) usage; exit 0 ;;
 esac
 (( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
-DATASET="$1"
-VERIFIER="$2"
+drafter_recipe_inputs "$1" "$2"
 shift 2
 
-resolve_data_bin "$DATASET"
-NAME="$(basename "$DATA")"
-compgen -G "$DATA/train.*.idx" >/dev/null || die "$DATA has no binarized train split (train.*.idx)"
-compgen -G "$DATA/valid*.idx" >/dev/null || die "$DATA has no binarized valid split (valid*.idx)"
-[[ -f "$VERIFIER" ]] || die "verifier checkpoint not found: $VERIFIER"
-VERIFIER="$(abs_path "$VERIFIER")"
-
 # The arch name follows the verifier's width (the dimensions themselves always do).
-WIDTH="$(verifier_width "$VERIFIER")"
 if (( WIDTH <= 256 )); then ARCH=spec_drafter_compact; else ARCH=spec_drafter_base; fi
-drafter_device_options
 
 fairseq_tool train
 log "drafter for $VERIFIER (width $WIDTH, $ARCH) on $DATA"

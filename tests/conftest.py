@@ -103,3 +103,16 @@ def drafter(multi30k, verifier, tmp_path_factory):
          "--warmup-updates", "50", "--save-dir", save, "--no-epoch-checkpoints", "--seed", "1"]
     )
     return save / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def ar_drafter(multi30k, verifier, tmp_path_factory):
+    """A tiny autoregressive draft model (the verifier's frozen encoder, a 1-layer decoder)
+    trained to imitate ``verifier`` through fairseq-train (data-prep/train-ar-drafter.sh)."""
+    save = tmp_path_factory.mktemp("ar-drafter")
+    run(
+        ["bash", REPO / "data-prep" / "train-ar-drafter.sh", multi30k, verifier,
+         "--max-update", "200", "--lr", "3e-3", "--warmup-updates", "50", "--save-dir", save,
+         "--no-epoch-checkpoints", "--seed", "1"]
+    )
+    return save / "checkpoint_last.pt"

@@ -15,7 +15,10 @@ from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front
 
 BENCH_CONFIGS = ["beam5", "greedy", "loop-greedy-native", "loop-greedy", "specdec-k10-exact", "specdec-k5-exact",
-                 "specdec-k5-exact-history", "cmasd", "cmasd-k4", "cmasd-k8", "cmasd-k8-history"]
+                 "specdec-k5-exact-history", "specdec-k5-exact-source", "cmasd", "cmasd-k4", "cmasd-k8",
+                 "cmasd-k8-history", "ar-g2-exact", "ar-g4", "ar-g4-exact-source", "history-k8-exact", "source-k8-exact"]
+LOSSLESS = ["specdec-k10-exact", "specdec-k5-exact", "specdec-k5-exact-history", "specdec-k5-exact-source", "loop-greedy",
+            "loop-greedy-native", "ar-g2-exact", "ar-g4-exact-source", "history-k8-exact", "source-k8-exact"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = [
     "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration"
@@ -33,9 +36,9 @@ def not_applicable(row):
 
 
 @pytest.fixture(scope="module")
-def bench_out(multi30k, verifier, drafter, tmp_path_factory):
+def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter,
+    run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path", ar_drafter,
          "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
          "--repeats", "1", "--warmup", "1", "--configs", ",".join(BENCH_CONFIGS),
          "--threads", "1", "--out-dir", out])
@@ -87,9 +90,7 @@ def test_greedy_is_its_own_reference(bench_json):
         assert row["mean_accepted_tokens"] == 1.0
 
 
-@pytest.mark.parametrize(
-    "name", ["specdec-k10-exact", "specdec-k5-exact", "specdec-k5-exact-history", "loop-greedy", "loop-greedy-native"]
-)
+@pytest.mark.parametrize("name", LOSSLESS)
 def test_lossless_configuration_matches_greedy(bench_json, name):
     for row in rows_of(bench_json, name).values():
         assert row["exact_match_vs_greedy"] == 1.0
@@ -122,6 +123,21 @@ def test_history_configurations_draft_from_history(bench_json, name):
     assert bench_json["configs"][name.replace("-history", "")]["options"]["spec_history_ngram"] == 0
     for row in rows_of(bench_json, name).values():
         assert 0.0 <= row["decode_stats"]["history_draft_rate"] <= 1.0
+
+
+def test_each_configuration_records_its_drafter(bench_json, multi30k):
+    configs = bench_json["configs"]
+    assert configs["ar-g2-exact"]["drafter"] == "ar" and configs["cmasd"]["drafter"] == "spec"
+    assert configs["loop-greedy"]["drafter"] == configs["source-k8-exact"]["drafter"] == "none"
+    assert configs["ar-g2-exact"]["options"]["drafter_path"] == bench_json["ar_drafter"]
+    assert configs["cmasd"]["options"]["drafter_path"] == bench_json["drafter"]
+    assert configs["source-k8-exact"]["options"]["drafter_path"] is None
+    for bs, row in rows_of(bench_json, "ar-g4").items():
+        assert 0.0 < row["mean_k"] <= 4 and row["mean_accepted_tokens"] >= 1.0
+    for name in ("history-k8-exact", "source-k8-exact"):
+        lookup = name.split("-")[0]
+        for row in rows_of(bench_json, name).values():
+            assert 0.0 <= row["decode_stats"][f"{lookup}_draft_rate"] <= 1.0
 
 
 def test_bench_records_how_it_ran(bench_json):
@@ -180,6 +196,14 @@ def test_configs_help_lists_every_named_configuration():
     assert "--spec-k 0" in proc.stdout
 
 
+def test_configurations_need_the_drafter_they_draft_with(multi30k, verifier, drafter, tmp_path):
+    proc = subprocess.run([str(BIN / "cmasd-bench"), str(multi30k), "--path", str(verifier), "--drafter-path",
+                           str(drafter), "--configs", "greedy,cmasd,ar-g2,ar-g4", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "cmasd-bench: error: --ar-drafter-path is required by the configurations ar-g2, ar-g4" in proc.stderr
+
+
 def test_configs_parse_adhoc_definitions():
     configs = resolve_configs("cmasd,mine:base=cmasd;cmasd_weights=0.5,0.25,0.25;spec_k_max=none,beam5")
     assert [c.name for c in configs] == ["greedy", "cmasd", "mine", "beam5"]
@@ -187,12 +211,17 @@ def test_configs_parse_adhoc_definitions():
     assert mine.overrides["cmasd_weights"] == "0.5,0.25,0.25"
     assert mine.overrides["spec_k_max"] is None
     assert mine.overrides["spec_controller"] == CONFIGS["cmasd"].overrides["spec_controller"]
+    assert mine.drafter == "spec"
+    ar, lookup = resolve_configs("a:base=ar-g4;spec_k=3,b:drafter=none;spec_source_ngram=1")[1:]
+    assert (ar.drafter, ar.overrides["spec_k"], ar.overrides["drafter_kind"]) == ("ar", 3, "autoregressive")
+    assert (lookup.drafter, lookup.overrides["spec_source_ngram"]) == ("none", 1)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["/no/such/dir", "--path", "/no/such.pt"], "data directory not found"),
     (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,nope"], "unknown configuration 'nope'"),
     (["/no/such/dir", "--path", "/no/such.pt", "--batch-sizes", "0"], "--batch-sizes"),
+    (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,x:drafter=lstm"], "drafter=lstm; choose from"),
 ])
 def test_bench_errors_are_one_line(argv, message):
     proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv], capture_output=True, text=True)

@@ -171,6 +171,51 @@ def test_history_drafts_stay_lossless(probe, verifier, drafter, greedy, batch_si
     assert rate > 0
 
 
+# Every drafter kind, alone and composed, through fairseq-generate: lossless at batch 1,
+# 7 and 16 (rows finishing at different times, dropped rows, caches growing).
+DRAFTER_SETUPS = {
+    "autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-k", "4"],
+    "history": lambda d: ["--spec-history-ngram", "1", "--spec-k", "6"],
+    "source": lambda d: ["--spec-source-ngram", "1", "--spec-k", "6"],
+    "history+source+autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-history-ngram", "2",
+                                                "--spec-source-ngram", "1", "--spec-k", "3"],
+}
+
+
+@pytest.fixture(scope="module")
+def drafters(drafter, ar_drafter):
+    return {"spec": drafter, "ar": ar_drafter}
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 16])
+@pytest.mark.parametrize("setup", sorted(DRAFTER_SETUPS))
+def test_every_drafter_kind_is_lossless(probe, verifier, drafters, greedy, setup, batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), *DRAFTER_SETUPS[setup](drafters),
+                    "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    mean_k = float(re.search(r"mean k ([0-9.]+)", proc.stderr).group(1))
+    assert mean_k > 0  # something was drafted (and verified)
+    for lookup in ("history", "source"):
+        rate = float(re.search(rf"drafted from {lookup} ([0-9.]+)% of iterations", proc.stderr).group(1))
+        assert (rate > 0) == (lookup in setup), (lookup, rate)
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_autoregressive_drafts_past_the_first_cache_stay_lossless(probe, verifier, ar_drafter, batch_size):
+    long = ("--min-len", "150")
+    reference = hypotheses(generate(probe, verifier, "--batch-size", "16", *long).stdout)
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", ar_drafter,
+                    "--drafter-kind", "autoregressive", "--spec-k", "5", "--spec-history-ngram", "3", *long)
+    assert_same_hypotheses(hypotheses(proc.stdout), reference)
+
+
+def test_lenient_autoregressive_and_cmasd_decode_every_line(probe, verifier, ar_drafter):
+    for rule in (["--spec-acceptance", "topk-gap", "--spec-k", "4"],
+                 ["--spec-controller", "cmasd", "--spec-k-max", "6", "--spec-acceptance", "cmasd"]):
+        proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", ar_drafter, *rule)
+        assert sorted(hypotheses(proc.stdout)) == list(range(PROBE_SENTENCES + 1))
+
+
 def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
     proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", probe, verifier, untrained_drafter,
                 "--batch-sizes", "1,16", "--out", tmp_path])
@@ -264,12 +309,20 @@ def last_line(proc):
         (["--spec-k", "10", "--spec-draft-block", "9"], "--spec-draft-block: must be in [10, 25]"),
         (["--spec-controller", "cmasd", "--spec-draft-block", "24"], "--spec-draft-block: must be in [25, 25]"),
         (["--spec-history-ngram", "-1"], "--spec-history-ngram: must be >= 0"),
+        (["--spec-source-ngram", "-2"], "--spec-source-ngram: must be >= 0"),
+        (["--drafter-kind", "autoregressive"], "--drafter-kind autoregressive: "),
     ],
 )
 def test_unsupported_options_are_refused(probe, verifier, drafter, options, message):
     proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter, *options, check=False)
     assert proc.returncode != 0
     assert message in last_line(proc)
+
+
+def test_a_drafter_kind_without_a_drafter_is_refused(probe, verifier):
+    proc = generate(probe, verifier, "--drafter-kind", "spec", check=False)
+    assert proc.returncode != 0
+    assert "--drafter-kind spec: needs --drafter-path" in last_line(proc)
 
 
 def test_missing_drafter_checkpoint(probe, verifier, tmp_path):
@@ -288,6 +341,40 @@ def test_drafter_of_another_dictionary_is_refused(probe, verifier, drafter, tmp_
     proc = generate(probe, verifier, "--drafter-path", other, check=False)
     assert proc.returncode != 0
     assert "drafter dictionary" in last_line(proc) and "differs from the verifier's" in last_line(proc)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--spec-draft-block", "4"], "--spec-draft-block: applies to the Spec-Drafter only"),
+        (["--spec-controller", "cmasd"], "--spec-k-max: required with --spec-controller cmasd"),
+        (["--drafter-kind", "spec"], "--drafter-kind spec: "),
+    ],
+)
+def test_autoregressive_drafter_options_are_checked(probe, verifier, ar_drafter, options, message):
+    proc = generate(probe, verifier, "--drafter-path", ar_drafter, *options, check=False)
+    assert proc.returncode != 0
+    assert message in last_line(proc)
+
+
+def test_autoregressive_drafter_of_another_dictionary_is_refused(probe, verifier, ar_drafter, tmp_path):
+    import fairseq_plugins  # noqa: F401  allow-lists fairseq's checkpoint classes
+
+    state = torch.load(ar_drafter, map_location="cpu")
+    state["model"]["dictionary_digest"] = torch.zeros_like(state["model"]["dictionary_digest"])
+    torch.save(state, tmp_path / "other-digest.pt")
+    proc = generate(probe, verifier, "--drafter-path", tmp_path / "other-digest.pt", check=False)
+    assert proc.returncode != 0
+    assert "drafter dictionary" in last_line(proc) and "differs from the verifier's" in last_line(proc)
+    # a vocabulary of another size: refused before the weights are loaded, naming both sizes
+    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        if key in state["model"]:
+            state["model"][key] = state["model"][key][:-8]
+    torch.save(state, tmp_path / "other-size.pt")
+    proc = generate(probe, verifier, "--drafter-path", tmp_path / "other-size.pt", check=False)
+    assert proc.returncode != 0
+    assert re.search(r"--drafter-path .*other-size.pt: drafter dictionary \(\d+ symbols\) differs from the verifier's "
+                     r"\(\d+ symbols\)", last_line(proc))
 
 
 @pytest.fixture(scope="module")

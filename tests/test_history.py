@@ -67,3 +67,10 @@ def test_unigram_history():
 def test_n_must_be_positive():
     with pytest.raises(ValueError, match="--spec-history-ngram"):
         HistoryNgram(0)
+
+
+def test_an_occurrence_just_before_the_suffix_repeats_with_period_one():
+    # "A A" ends the row and occurred one position earlier: the row repeats A
+    tokens, lengths = rows([BOS, C, A, A, A])
+    got = repeated_continuation(tokens, lengths, n=2, width=3)
+    assert got.found.tolist() == [True] and got.tokens.tolist() == [[A, A, A]]

@@ -27,3 +27,20 @@ def test_statistics_of_two_iterations():
         2.0, 5.0, 1.0
     )
     assert "bookkeeping 1.00 ms per iteration" in stats.format()
+
+
+def test_lookup_rows_and_adding_calls():
+    first, second = DecodeStats(sentences=2), DecodeStats(sentences=1)
+    served = {"history": torch.tensor([True, False]), "source": torch.tensor([False, True])}
+    first.observe(torch.tensor([2, 3]), torch.tensor([2, 1]), torch.tensor([3, 2]), None, served)
+    second.observe(torch.tensor([1, 0, 4]), torch.tensor([1, 0, 0]), torch.tensor([2, 1, 1]), None,
+                   {"history": torch.tensor([True, True, False])})
+    run = DecodeStats()
+    run.add(first)
+    run.add(second)
+    s = run.summary()
+    assert (s["sentences"], s["iterations"], s["tokens"], s["verifier_passes"]) == (3, 5, 9, 2)
+    assert s["history_draft_rate"] == 3 / 5 and s["source_draft_rate"] == 1 / 5
+    assert run.position_sent == [4, 3, 2, 1] and run.position_accepted == [3, 1, 0, 0]
+    assert "drafted from history 60.0% of iterations, drafted from source 20.0% of iterations" in run.format()
+    assert first.summary()["iterations"] == 2  # adding leaves the parts as they were

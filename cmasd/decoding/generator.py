@@ -4,9 +4,8 @@ The parts are swappable behind written contracts: a drafter (``cmasd.drafters.ba
 a draft-length controller and an acceptance rule (``cmasd.verification.base``); the loop
 never drafts, chooses or accepts on their behalf. Batched: every row drafts, sends its
 own number of tokens, accepts its own number and finishes on its own; finished rows leave
-the batch. Returns fairseq hypotheses
-(tokens, score, positional_scores from the verifier), so ``fairseq-generate`` prints
-and scores them as it does its own.
+the batch. Returns fairseq hypotheses (tokens, score, positional_scores from the
+verifier), so ``fairseq-generate`` prints and scores them as it does its own.
 
 The verifier side reproduces fairseq's ``SequenceGenerator`` with ``--beam 1``: the
 same maximum length (``max_len_a * src_len + max_len_b``, capped by the model), the

@@ -38,11 +38,12 @@ class DecodeStats:
     position_accepted: List[int] = field(default_factory=list)
 
     def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor],
-                served: Mapping[str, Tensor] = {}) -> None:
+                served: Optional[Mapping[str, Tensor]] = None) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
         and mean confidence of the drafted block (all (B,); the confidence None where
         no part of the decoder needed it); ``served``: the rows each lookup drafted. A few
         host transfers per iteration, not a few per drafted position."""
+        served = served or {}
         width = int(k.max()) if k.numel() else 0
         position = torch.arange(width, device=k.device)  # (W,)
         sent = (k[:, None] > position).sum(dim=0)  # (W,) rows that sent a draft at each position

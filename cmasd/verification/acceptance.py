@@ -33,9 +33,10 @@ def next_token(verifier_lprobs: Tensor, accepted: Tensor) -> Tensor:
 
 def gap_to_top1(proposal: Tensor, verifier_lprobs: Tensor, beta: int) -> Tuple[Tensor, Tensor]:
     """Whether each draft is within the verifier's top-``beta`` and its log-probability
-    gap to the top-1: log P(top-1) - log P(draft). Both (B, K)."""
+    gap to the top-1: log P(top-1) - log P(draft). Both (B, K). A beta beyond the
+    vocabulary means the whole vocabulary."""
     lprobs = verifier_lprobs[:, : proposal.size(1)]  # (B, K, V)
-    top = lprobs.topk(beta, dim=-1)  # (B, K, beta)
+    top = lprobs.topk(min(beta, lprobs.size(-1)), dim=-1)  # (B, K, beta)
     in_top = (top.indices == proposal[..., None]).any(dim=-1)  # (B, K)
     draft_lprob = lprobs.gather(-1, proposal[..., None]).squeeze(-1)  # (B, K)
     return in_top, top.values[..., 0] - draft_lprob

@@ -1,0 +1,104 @@
+"""Property-based tests (hypothesis) of every registered acceptance rule and controller:
+random verifier scores, batch sizes, vocabularies, draft lengths and options.
+
+Rules: never accept more than a row sends; the next token is a real id, never pad (the
+verifier's pad score is -inf, as the loop makes it); every rule accepts a draft that is
+the verifier's top-1 throughout; exact acceptance accepts exactly the greedy prefix and
+returns the verifier's top-1 after it. Controllers: one draft length per row, within
+[0, horizon]; their per-row state follows the rows."""
+
+import math
+from types import SimpleNamespace
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmasd.drafters.base import Draft
+from cmasd.verification.acceptance import ACCEPTANCE_RULES
+from cmasd.verification.base import Proposal
+from cmasd.verification.controllers import CONTROLLERS
+
+PAD = 1
+
+options = st.fixed_dictionaries({
+    "spec_beta": st.integers(1, 5),
+    "spec_tau": st.floats(0.0, 5.0),
+    "cmasd_tau_base": st.floats(0.0, 2.0),
+    "cmasd_gamma": st.floats(0.0, 3.0),
+    "cmasd_tau_schedule": st.sampled_from(["paper", "confidence"]),
+    "spec_k": st.integers(0, 12),
+    "spec_k_min": st.integers(1, 4),
+    "spec_k_max": st.integers(4, 12),
+    "cmasd_alpha": st.floats(0.01, 1.0),
+})
+
+
+@st.composite
+def iterations(draw):
+    """One iteration's verifier log-probabilities (B, K+1, V), drafts (B, K), draft
+    lengths k (B,) <= K and drafter confidence (B, K)."""
+    bsz, width, vocab = draw(st.integers(1, 6)), draw(st.integers(0, 6)), draw(st.integers(3, 12))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    scale = draw(st.sampled_from([0.1, 1.0, 5.0]))
+    lprobs = torch.log_softmax(torch.randn(bsz, width + 1, vocab, generator=gen) * scale, dim=-1)
+    lprobs[:, :, PAD] = -math.inf
+    greedy = lprobs.argmax(dim=-1)  # (B, K+1)
+    drafts = torch.randint(vocab, (bsz, width), generator=gen)
+    # some rows draft the verifier's choices, some diverge somewhere, some draft anything
+    follow = torch.randint(width + 1, (bsz,), generator=gen)  # leading positions that follow greedy
+    keep = torch.arange(width)[None, :] < follow[:, None]
+    drafts = torch.where(keep, greedy[:, :width], drafts)
+    k = torch.randint(width + 1, (bsz,), generator=gen)
+    confidence = torch.rand(bsz, width, generator=gen)
+    return lprobs, drafts, k, confidence
+
+
+def greedy_prefix(lprobs, drafts, k):
+    """Accepted drafts under exact matching, computed row by row."""
+    out = []
+    for row in range(drafts.size(0)):
+        n = 0
+        while n < int(k[row]) and int(drafts[row, n]) == int(lprobs[row, n].argmax()):
+            n += 1
+        out.append(n)
+    return torch.tensor(out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(sorted(ACCEPTANCE_RULES)), cfg=options, case=iterations())
+def test_acceptance_rules(name, cfg, case):
+    lprobs, drafts, k, confidence = case
+    rule = ACCEPTANCE_RULES[name].from_config(SimpleNamespace(**cfg))
+    proposal = Proposal(drafts, k, confidence if rule.needs.confidence else None)
+    accepted, nxt = rule.accept(proposal, lprobs)
+    assert accepted.shape == nxt.shape == k.shape
+    assert ((accepted >= 0) & (accepted <= k)).all()
+    assert ((nxt >= 0) & (nxt < lprobs.size(-1)) & (nxt != PAD)).all()
+    assert (accepted >= greedy_prefix(lprobs, drafts, k)).all()  # a top-1 draft is always accepted
+    if rule.lossless:
+        assert accepted.tolist() == greedy_prefix(lprobs, drafts, k).tolist()
+        rows = torch.arange(k.numel())
+        assert nxt.tolist() == lprobs[rows, accepted].argmax(dim=-1).tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(sorted(CONTROLLERS)), cfg=options, limit=st.sampled_from([None, 12, 25]),
+       bsz=st.integers(1, 8), seed=st.integers(0, 2**31 - 1))
+def test_controllers(name, cfg, limit, bsz, seed):
+    controller = CONTROLLERS[name].from_config(SimpleNamespace(**cfg), limit)
+    assert controller.horizon >= 0 and (limit is None or controller.horizon <= limit)
+    gen = torch.Generator().manual_seed(seed)
+    horizon = controller.horizon
+    confidence = torch.rand(bsz, horizon, generator=gen) if controller.needs.confidence else None
+    draft = Draft(torch.randint(2, 50, (bsz, horizon), generator=gen), confidence=confidence)
+    state = controller.start(bsz, torch.device("cpu"))
+    k = controller.propose(state, draft)
+    assert k.shape == (bsz,) and k.dtype == torch.long
+    assert ((k >= 0) & (k <= horizon)).all()
+    accepted = (torch.rand(bsz, generator=gen) * (k + 1)).long().clamp(max=k)
+    state = controller.observe(state, k, accepted)
+    rows = torch.arange(bsz)[torch.rand(bsz, generator=gen) < 0.5]
+    kept = state.select(rows)
+    again = controller.propose(kept, Draft(draft.tokens[rows], confidence=None if confidence is None else confidence[rows]))
+    assert again.shape == (rows.numel(),)
