@@ -68,7 +68,7 @@ class Fallback(Drafter):
             logprobs = merged(keep, a.logprobs if a.logprobs is not None else point_mass(a.tokens, logprobs.size(-1)), logprobs)
         draft = Draft(
             tokens=torch.where(keep[:, None], a.tokens, b.tokens),  # (B, H)
-            valid=torch.where(keep, a.offered(), b.offered()),  # (B,)
+            valid=torch.where(keep, a.offered(), b.offered() if b.valid is not None else request.horizon),  # (B,)
             logprobs=logprobs,
             confidence=merged(keep, a.confidence, b.confidence),
             served={**{name: rows & ~keep for name, rows in b.served.items()}, **a.served},
