@@ -3,9 +3,10 @@ fairseq_plugins --task translation_speculative --drafter-path ...``.
 
 The proof of the generator: with ``--spec-acceptance exact`` it prints the same
 hypotheses as ``fairseq-generate --beam 1`` with the same verifier, token for token, at
-batch sizes 1, 7 and 16, with a trained and with an untrained drafter, and with both
-draft-length controllers. Then bad input: refused options, missing and mismatched
-drafters, empty and over-long source lines.
+batch sizes 1, 7 and 16, with a trained and with an untrained Spec-Drafter, both
+draft-length controllers, and every other drafter kind alone and composed (the
+autoregressive draft model, history and source lookups). Then bad input: refused options,
+missing and mismatched drafters, empty and over-long source lines.
 
 The probe set is real Multi30k test text (the first sentences of test_2016_flickr, with
 one empty source line added), encoded with the data-bin's sentencepiece model and

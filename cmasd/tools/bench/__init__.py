@@ -1,7 +1,7 @@
 """``cmasd-bench``: speed and quality of fairseq's decoders and cmasd's speculative
 decoders on one data split, measured the same way in one process.
 
-    cmasd-bench DATA --path VERIFIER.pt --drafter-path DRAFTER.pt \\
+    cmasd-bench DATA --path VERIFIER.pt [--drafter-path DRAFTER.pt] [--ar-drafter-path AR.pt] \\
         [--gen-subset test] [--configs beam5,greedy,specdec-k10,cmasd] \\
         [--batch-sizes 1,16] [--repeats 3] [--warmup 1] [--threads N] \\
         [--max-sentences N] [--references RAW.txt] [--metric bleu|rouge] \\
@@ -9,14 +9,15 @@ decoders on one data split, measured the same way in one process.
 
 What it does, in order:
 
-1. loads the verifier (a fairseq ``translation`` checkpoint), the Spec-Drafter and
-   the split once, and builds every batch of every batch size up front, so data
+1. loads the verifier (a fairseq ``translation`` checkpoint), the drafters the
+   configurations draft with (``--drafter-path``: the Spec-Drafter; ``--ar-drafter-path``:
+   an autoregressive draft model) and the split once, and builds every batch of every batch size up front, so data
    loading and collation stay outside the timed region;
 2. runs ``--warmup`` unrecorded passes over the first ``--warmup-batches`` batches of
    each batch size, then ``--repeats`` recorded passes; each recorded pass
    decodes the whole split with every configuration at every batch size, so the
    repetitions are interleaved across configurations (rep 1: all, rep 2: all, ...);
-   only ``generate`` calls are timed (``time.perf_counter``, after a CUDA
+   only the decoding calls are timed (``time.perf_counter``, after a CUDA
    synchronize on GPU);
 3. also times the *floor*: one teacher-forced verifier pass per batch over greedy's
    output, the cost of merely scoring the answer with the verifier (``FloorScorer``:
@@ -28,7 +29,8 @@ What it does, in order:
 Configurations are named in ``CONFIGS`` (``--configs help`` lists them) or defined on
 the command line as ``NAME:KEY=VALUE;KEY=VALUE``, KEY a ``SpeculativeDecodingConfig``
 field (``spec_k``, ``cmasd_alpha``, ...); ``base=NAMED`` starts from a named
-speculative configuration. Example::
+speculative configuration, ``drafter=spec|ar|none`` names its model drafter (default:
+the base's, else the Spec-Drafter). Example::
 
     --configs "greedy,cmasd,a05:base=cmasd;cmasd_alpha=0.5,k4:spec_k=4;spec_acceptance=exact"
 
@@ -39,6 +41,10 @@ configuration's own settings, which win.
 
 Errors in the command line, the files or the configurations are one line on stderr,
 ``cmasd-bench: error: ...``, with exit status 2.
+
+The package: ``configs`` (named and ad-hoc configurations), ``loading`` (models, split,
+batches, generators), ``measure`` (timing), ``floor`` (the teacher-forced floor),
+``scoring`` (detokenizing, BLEU, ROUGE), ``report`` (rows, table, figure, JSON), ``cli``.
 """
 
 from cmasd.tools.bench.cli import (  # noqa: F401  (the package's interface, used by cmasd-tune and the tests)

@@ -111,7 +111,7 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+    parser = Parser(prog=PROG, description=sys.modules["cmasd.tools.bench"].__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter,
                     epilog="configurations:\n" + config_listing(indent="  "))
     add_common_args(parser, gen_subset="test")

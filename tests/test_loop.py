@@ -1,0 +1,92 @@
+"""The decoding loop in process, on a tiny random verifier: a controller's per-row state
+travels with the rows (selected as rows finish, started afresh for every batch), the parts
+get exactly the outputs they declare, and decode returns each call's statistics."""
+
+from dataclasses import dataclass
+
+import torch
+from test_drafter import source_batch, tiny_drafter
+
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.drafters.ngram import HistoryNgram
+from cmasd.verification.acceptance import Exact
+from cmasd.verification.base import Controller, Needs, RowState
+from cmasd.verification.confidence import ConfidenceSpec
+
+
+@dataclass(frozen=True)
+class Ids(RowState):
+    ids: torch.Tensor  # (B,) the row's index in its batch
+
+
+class Recording(Controller):
+    """Sends 2 drafts per row; records which rows its state holds at every iteration and
+    what the draft carried."""
+
+    needs = Needs(confidence=True)
+    horizon = 2
+
+    def __init__(self):
+        self.seen, self.starts, self.confidence = [], 0, []
+
+    @classmethod
+    def from_config(cls, cfg, limit):
+        return cls()
+
+    def start(self, rows, device):
+        self.starts += 1
+        self.seen.append([])
+        return Ids(torch.arange(rows, device=device))
+
+    def propose(self, state, draft):
+        self.seen[-1].append(state.ids.tolist())
+        self.confidence.append(draft.confidence)
+        return torch.full(draft.tokens.shape[:1], 2, dtype=torch.long)
+
+
+def generator(controller):
+    spec_model, verifier, dictionary = tiny_drafter(seed=4)
+    rules = LengthRules(max_len_b=12, max_positions=verifier.max_decoder_positions())
+    return SpeculativeGenerator(verifier, HistoryNgram(1), dictionary, controller, Exact(), ConfidenceSpec(), rules), dictionary
+
+
+def test_controller_state_follows_the_rows_and_restarts_per_batch():
+    controller = Recording()
+    gen, dictionary = generator(controller)
+    for seed in (1, 2):
+        src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(seed), bsz=3)
+        sample = {"id": torch.tensor([10, 11, 12]), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+        hypotheses, stats = gen.decode(sample)
+        iterations = controller.seen[-1]
+        # each row's state stays with it until the row finishes: one proposal per iteration of the row
+        for row, hypos in enumerate(hypotheses):
+            assert sum(row in ids for ids in iterations) == hypos[0]["steps"]
+        assert iterations[0] == [0, 1, 2] and all(ids == sorted(ids) for ids in iterations)
+        assert stats.sentences == 3 and stats.iterations == sum(h[0]["steps"] for h in hypotheses)
+    assert controller.starts == 2  # a fresh state for every batch
+    assert len({len(ids) for ids in controller.seen[0]}) > 1  # rows finished at different times
+    # the controller declared it reads the confidence: the lookup's drafts carry it
+    assert all(c is not None and c.shape[1] == 2 for c in controller.confidence)
+
+
+def test_generate_adds_each_call_to_the_run():
+    gen, dictionary = generator(Recording())
+    src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(3), bsz=2)
+    sample = {"id": torch.tensor([0, 1]), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+    gen.generate([gen.model], sample)
+    gen.generate([gen.model], sample)
+    once = gen.decode(sample).stats
+    assert gen.stats.sentences == 4 and gen.stats.tokens == 2 * once.tokens
+    assert gen.stats.iterations == 2 * once.iterations
+
+
+def test_parts_get_only_what_they_declare():
+    class Plain(Recording):
+        needs = Needs()
+
+    controller = Plain()
+    gen, dictionary = generator(controller)
+    assert gen.request.confidence is None and not gen.request.logprobs and gen.random is None
+    src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(1), bsz=2)
+    gen.decode({"id": torch.tensor([0, 1]), "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    assert all(c is None for c in controller.confidence)
