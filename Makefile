@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "$$($(PY) -c '$(PIP_FOR_PYTHON)')"
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,ct2]'
 	touch $@
 
 test: setup

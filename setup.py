@@ -25,7 +25,11 @@ setup(
         "rouge-score>=0.1.2",
         "matplotlib>=3.5",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6"],
+        # cmasd-bench's ct2-greedy rows: the engine fairseq users deploy on CPUs.
+        "ct2": ["ctranslate2>=4,<5"],
+    },
     entry_points={
         "console_scripts": [
             "cmasd-bench = cmasd.tools.bench:cli_main",

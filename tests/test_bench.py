@@ -4,6 +4,7 @@ contain and that lossless decoding is lossless. Speed is never asserted."""
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -229,3 +230,77 @@ def test_bench_errors_are_one_line(argv, message):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def ct2_verifier(verifier, tmp_path_factory):
+    """A copy of the tiny verifier in a directory of its own (its conversion is cached beside it)."""
+    pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed (pip install -e '.[ct2]')")
+    path = tmp_path_factory.mktemp("ct2-verifier") / "verifier.pt"
+    shutil.copy(verifier, path)
+    return path
+
+
+def ct2_bench(multi30k, checkpoint, out):
+    run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", "greedy,ct2-greedy,ct2-greedy-int8",
+         "--max-sentences", "12", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0", "--threads", "1",
+         "--out-dir", out])
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_ct2_rows_decode_like_fairseq_greedy(multi30k, ct2_verifier, tmp_path):
+    record = ct2_bench(multi30k, ct2_verifier, tmp_path / "first")
+    for name in ("ct2-greedy", "ct2-greedy-int8"):
+        for bs, row in rows_of(record, name).items():
+            assert row["kind"] == "ctranslate2" and row["sentences"] == 12, (name, bs)
+            assert row["mean_accepted_tokens"] is None and row["draft_ms_per_iteration"] is None
+            assert math.isfinite(row["bleu"]) and row["seconds_mean"] > 0
+    # float32 CTranslate2 is fairseq's greedy search on another engine: the same tokens
+    # (up to float rounding on near ties, which a 300-update model may have; allow one sentence)
+    for bs, row in rows_of(record, "ct2-greedy").items():
+        assert row["exact_match_vs_greedy"] >= 11 / 12, (bs, row["exact_match_vs_greedy"])
+    assert record["configs"]["ct2-greedy-int8"]["options"]["compute_type"] == "int8"
+    assert record["ct2_model"] == f"{ct2_verifier}.ct2" and record["versions"]["ctranslate2"] != "not installed"
+    stamp = ct2_verifier.parent / "verifier.pt.ct2" / "cmasd-source.json"
+    converted_at = stamp.stat().st_mtime_ns
+    ct2_bench(multi30k, ct2_verifier, tmp_path / "second")  # the cached conversion is reused
+    assert stamp.stat().st_mtime_ns == converted_at
+
+
+def test_ct2_converts_a_checkpoint_without_args(multi30k, ct2_verifier, tmp_path):
+    """A stripped checkpoint without the 'args' key that CTranslate2's converter indexes."""
+    import torch
+
+    from cmasd.checkpoint import allow_fairseq_checkpoints
+
+    allow_fairseq_checkpoints()
+    state = torch.load(ct2_verifier, map_location="cpu", weights_only=True)
+    state.pop("args", None)
+    stripped = tmp_path / "stripped.pt"
+    torch.save(state, stripped)
+    record = ct2_bench(multi30k, stripped, tmp_path / "out")
+    assert rows_of(record, "ct2-greedy")[1]["exact_match_vs_greedy"] >= 11 / 12
+    assert "args" not in torch.load(stripped, map_location="cpu", weights_only=True)  # the user's file untouched
+
+
+def test_ct2_rows_skipped_without_ctranslate2(monkeypatch):
+    import cmasd.tools.bench.ct2 as ct2
+    from cmasd.tools.bench.cli import without_missing_engines
+
+    monkeypatch.setattr(ct2, "ctranslate2_version", lambda: None)
+    kept, skipped = without_missing_engines(resolve_configs("greedy,ct2-greedy,loop-greedy"))
+    assert [c.name for c in kept] == ["greedy", "loop-greedy"]
+    assert skipped == ["ct2-greedy: skipped, CTranslate2 is not installed (pip install -e '.[ct2]')"]
+
+
+def test_ct2_cache_is_beside_the_checkpoint_unless_read_only(tmp_path):
+    from cmasd.tools.bench.ct2 import cache_location
+
+    models = tmp_path / "models"
+    models.mkdir()
+    assert cache_location(str(models / "v.pt"), str(tmp_path / "out")) == str(models / "v.pt.ct2")
+    models.chmod(0o555)  # a shared, read-only model directory: not written even by root
+    try:
+        assert cache_location(str(models / "v.pt"), str(tmp_path / "out")) == str(tmp_path / "out" / "ct2" / "v.pt.ct2")
+    finally:
+        models.chmod(0o755)

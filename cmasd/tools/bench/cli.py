@@ -6,12 +6,13 @@ import os
 import sys
 import typing
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from cmasd.tools.bench.configs import (
     CONFIGS,
+    CTRANSLATE2,
     DEFAULT_CONFIGS,
     DRAFTER_OPTIONS,
     BenchConfig,
@@ -181,7 +182,7 @@ def prepare(args, configs: Sequence[BenchConfig]) -> Bench:
         if role not in paths:
             users = ", ".join(c.name for c in configs if c.speculative and c.drafter == role)
             raise BenchError(f"{DRAFTER_OPTIONS[role]} is required by the configurations {users}")
-    setup = load_setup(args, drafter_roles(configs))
+    setup = load_setup(args, drafter_roles(configs), ct2=any(c.kind == CTRANSLATE2 for c in configs))
     tgt_lang = setup.task.cfg.target_lang
     refs_path = references_path(args, tgt_lang)
     refs = read_references(refs_path, setup.split_size)
@@ -217,18 +218,33 @@ def report_record(args, bench: Bench, configs, global_overrides, rows, extra=Non
     return record
 
 
+def without_missing_engines(configs: Sequence[BenchConfig]) -> Tuple[List[BenchConfig], List[str]]:
+    """The configurations that can run here, and a message for each one skipped (the
+    ct2 rows where CTranslate2 is not installed)."""
+    from cmasd.tools.bench.ct2 import INSTALL_HINT, ctranslate2_version
+
+    if ctranslate2_version() is not None:
+        return list(configs), []
+    skipped = [f"{c.name}: skipped, CTranslate2 is not installed ({INSTALL_HINT})"
+               for c in configs if c.kind == CTRANSLATE2]
+    for message in skipped:
+        logger.warning(message)
+    return [c for c in configs if c.kind != CTRANSLATE2], skipped
+
+
 def main(args) -> None:
-    configs = resolve_configs(args.configs)
+    configs, skipped = without_missing_engines(resolve_configs(args.configs))
     batch_sizes = parse_batch_sizes(args.batch_sizes)
     global_overrides = parse_assignments(args.overrides)
     bench = prepare(args, configs)
     rows = run_configs(bench, args, configs, batch_sizes, global_overrides)
 
     os.makedirs(args.out_dir, exist_ok=True)
-    table = markdown_table(rows, args.metric)
+    table = "\n\n".join([markdown_table(rows, args.metric)] + skipped)
     with open(os.path.join(args.out_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
-    record = report_record(args, bench, configs, global_overrides, rows, {"batch_sizes": batch_sizes})
+    record = report_record(args, bench, configs, global_overrides, rows,
+                           {"batch_sizes": batch_sizes, "skipped": skipped})
     write_json(os.path.join(args.out_dir, "bench.json"), record)
     title = f"{os.path.basename(os.path.normpath(args.data))} {args.gen_subset}, {device_name(bench.setup.device)}"
     plot_latency_throughput(rows, os.path.join(args.out_dir, "latency-throughput.png"), title)

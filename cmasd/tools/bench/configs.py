@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 FLOOR = "floor"
 GREEDY = "greedy"
 BEAM5 = "beam5"
+CTRANSLATE2 = "ctranslate2"
 
 # The drafter a speculative configuration drafts with, and the command-line option that
 # gives its checkpoint: the Spec-Drafter, or an autoregressive draft model.
@@ -24,23 +25,26 @@ class BenchError(Exception):
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One decoder to measure: fairseq's SequenceGenerator with ``beam`` or, when
-    ``beam`` is None, the speculative generator with ``overrides`` applied to
-    ``SpeculativeDecodingConfig`` and the model drafter ``drafter`` (a key of
-    ``DRAFTER_OPTIONS``, or ``none``)."""
+    """One decoder to measure: fairseq's SequenceGenerator with ``beam``; CTranslate2's
+    greedy search with ``ct2_compute_type`` (float32, int8); or, when both are None,
+    the speculative generator with ``overrides`` applied to ``SpeculativeDecodingConfig``
+    and the model drafter ``drafter`` (a key of ``DRAFTER_OPTIONS``, or ``none``)."""
 
     name: str
     description: str
     beam: Optional[int] = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     drafter: str = NO_DRAFTER
+    ct2_compute_type: Optional[str] = None
 
     @property
     def speculative(self) -> bool:
-        return self.beam is None
+        return self.beam is None and self.ct2_compute_type is None
 
     @property
     def kind(self) -> str:
+        if self.ct2_compute_type is not None:
+            return CTRANSLATE2
         return "speculative" if self.speculative else "fairseq"
 
 
@@ -89,6 +93,10 @@ CONFIGS: Dict[str, BenchConfig] = {
     for c in [
         BenchConfig(BEAM5, "fairseq SequenceGenerator, beam 5", beam=5),
         BenchConfig(GREEDY, "fairseq SequenceGenerator, beam 1 (greedy)", beam=1),
+        BenchConfig("ct2-greedy", "CTranslate2 greedy search, float32, the verifier converted by CTranslate2's "
+                    "fairseq converter (needs the ct2 extra)", ct2_compute_type="float32"),
+        BenchConfig("ct2-greedy-int8", "CTranslate2 greedy search, int8 weights quantized on load (exact with "
+                    "respect to the quantized model only; needs the ct2 extra)", ct2_compute_type="int8"),
         speculative("loop-greedy", "cmasd's loop with nothing drafted (--spec-k 0): the verifier alone, "
                     "greedy; what the loop and its kernels save over fairseq's, without a drafter",
                     {"spec_k": 0}, EXACT, drafter=NO_DRAFTER),
@@ -143,9 +151,10 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("abl-full", "Table III: full CM-ASD (= cmasd)", FULL_CMASD),
     ]
 }
-# The defaults need only --drafter-path (the Spec-Drafter); the ar-* rows need --ar-drafter-path.
+# The defaults need only --drafter-path (the Spec-Drafter); the ar-* rows need --ar-drafter-path; the ct2
+# rows are skipped, with a message, where CTranslate2 is not installed.
 DEFAULT_CONFIGS = (
-    "beam5,greedy,loop-greedy-native,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
+    "beam5,greedy,ct2-greedy,loop-greedy-native,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
     "specdec-k5-exact-history,cmasd,cmasd-k4,cmasd-k8,cmasd-k8-history"
 )
 

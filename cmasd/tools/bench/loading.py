@@ -2,7 +2,7 @@
 the batches) and building each configuration's generator."""
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -45,6 +45,8 @@ class Setup:
     size: int  # sentences measured
     split_size: int  # sentences in the whole split
     floor: "FloorScorer"  # the floor's teacher-forced pass, its layers prepared once
+    threads: int  # CPU threads of every decoder
+    ct2_model: Optional[str] = None  # the verifier converted for CTranslate2, where a ct2 row is measured
 
 
 def load_verifier(args):
@@ -88,8 +90,9 @@ def drafter_paths(args) -> Dict[str, str]:
     return {role: path for role, path in given.items() if path is not None}
 
 
-def load_setup(args, roles: Sequence[str]) -> Setup:
-    """Verifier, the drafters of ``roles`` and the split, on the chosen device, in eval mode."""
+def load_setup(args, roles: Sequence[str], ct2: bool = False) -> Setup:
+    """Verifier, the drafters of ``roles`` and the split, on the chosen device, in eval
+    mode; with ``ct2``, the verifier's CTranslate2 conversion too."""
     import fairseq_plugins  # noqa: F401  (registers the drafter models; fairseq 0.12.2 fixes)
     from cmasd.options import load_drafter_model
 
@@ -103,7 +106,21 @@ def load_setup(args, roles: Sequence[str]) -> Setup:
     except ValueError as e:
         raise BenchError(str(e)) from None
     dataset, split_size = load_split(task, args)
-    return Setup(task, model, drafters, dataset, device, len(dataset), split_size, FloorScorer(model))
+    ct2_model = convert_for_ct2(args, task) if ct2 else None
+    return Setup(task, model, drafters, dataset, device, len(dataset), split_size, FloorScorer(model), args.threads,
+                 ct2_model)
+
+
+def convert_for_ct2(args, task) -> str:
+    """The CTranslate2 conversion of the verifier (cached; see ``ct2``)."""
+    from cmasd.tools.bench.ct2 import convert
+
+    if choose_device(args).type != "cpu":
+        raise BenchError("the ct2 configurations run on CPU only here: add --cpu, or leave them out of --configs")
+    try:
+        return convert(args.path, args.data, task.cfg.source_lang, task.cfg.target_lang, args.out_dir)
+    except (ValueError, KeyError, AttributeError, OSError) as e:
+        raise BenchError(f"converting {args.path} for CTranslate2: {type(e).__name__}: {e}") from None
 
 
 def build_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
@@ -132,7 +149,14 @@ def generation_config(beam: int):
 
 def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping[str, Any],
                     paths: Mapping[str, str]):
-    """fairseq's SequenceGenerator, or the speculative generator, for ``config``."""
+    """fairseq's SequenceGenerator, CTranslate2's greedy search, or the speculative
+    generator, for ``config``."""
+    if config.ct2_compute_type is not None:
+        from cmasd.tools.bench.ct2 import CT2Greedy
+
+        return CT2Greedy(setup.ct2_model, setup.task.source_dictionary, setup.task.target_dictionary,
+                         config.ct2_compute_type, setup.threads, generation_config(1),
+                         setup.model.max_decoder_positions())
     if not config.speculative:
         return setup.task.build_generator([setup.model], generation_config(config.beam))
     from cmasd.options import build_speculative_generator
@@ -151,6 +175,8 @@ def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str
     """The full option values of a configuration, for bench.json."""
     if config.speculative:
         options = options_dict(spec_options(config, global_overrides, paths))
+    elif config.ct2_compute_type is not None:
+        options = {"compute_type": config.ct2_compute_type, "beam_size": 1, **options_dict(generation_config(1))}
     else:
         options = options_dict(generation_config(config.beam))
     return {"description": config.description, "kind": config.kind, "drafter": config.drafter, "options": options}

@@ -21,7 +21,7 @@ from cmasd.tools.bench.scoring import TextTools, bleu, quality_columns
 
 COLUMNS: Dict[str, str] = {
     "config": "configuration name",
-    "kind": "fairseq | speculative | floor",
+    "kind": "fairseq | ctranslate2 | speculative | floor",
     "batch_size": "sentences per batch",
     "sentences": "sentences decoded",
     "batches": "batches per pass",
@@ -257,7 +257,8 @@ def versions() -> Dict[str, str]:
 
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for name, dist in [("fairseq", "fairseq"), ("sacrebleu", "sacrebleu"), ("sentencepiece", "sentencepiece"),
-                       ("rouge-score", "rouge-score"), ("matplotlib", "matplotlib"), ("cmasd", "cmasd")]:
+                       ("rouge-score", "rouge-score"), ("matplotlib", "matplotlib"), ("ctranslate2", "ctranslate2"),
+                       ("cmasd", "cmasd")]:
         try:
             out[name] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -290,6 +291,7 @@ def environment(args, setup: Setup) -> Dict[str, Any]:
         "split_sentences": setup.split_size,
         "fp16": args.fp16,
         "floor_kernels": setup.floor.kernels,
+        "ct2_model": setup.ct2_model,
     }
 
 
