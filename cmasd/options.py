@@ -90,8 +90,10 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
         default="auto",
         metadata={"help": "linear-layer kernels of the verifier's decoder and the model drafter while decoding: "
-                  "packed (oneDNN on weights packed once; CPU), native (torch's default, as fairseq runs them), "
-                  "auto (packed on CPU where torch has it, else native). The verifier's arithmetic stays float32"},
+                  "gemv (a C++ matrix-vector kernel compiled on first use, for inputs of up to 8 rows, packed above; "
+                  "CPU with AVX2), packed (oneDNN on weights packed once; CPU), native (torch's default, as fairseq "
+                  "runs them), auto (gemv where it builds, else packed on CPU where torch has it, else native). The "
+                  "verifier's arithmetic stays float32"},
     )
     spec_acceptance: ChoiceEnum(list(ACCEPTANCE_RULES)) = field(
         default="exact",

@@ -8,6 +8,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
+from cmasd.decoding import small_linear
 from cmasd.decoding.kernels import packing_available
 from cmasd.decoding.cache import BlockScorer
 
@@ -43,6 +44,8 @@ def incremental_logits(model, encoder_out, tokens):
 KERNELS = [
     "native",
     pytest.param("packed", marks=pytest.mark.skipif(not packing_available(), reason="no oneDNN packed linear")),
+    pytest.param("gemv", marks=pytest.mark.skipif(not packing_available() or small_linear.load()[1] is not None,
+                                                  reason=f"gemv unavailable: {small_linear.load()[1]}")),
 ]
 
 

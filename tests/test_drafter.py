@@ -264,20 +264,23 @@ def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
         drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
 
 
-@pytest.mark.parametrize("kernels", ["packed", "int8"])
+@pytest.mark.parametrize("kernels", ["packed", "gemv", "int8"])
 def test_drafting_on_other_kernels_drafts_as_native(kernels):
-    """Packed float32 kernels give the native logits to float tolerance; int8 weights
-    give logits close to them. The model keeps its own float32 nn.Linear layers."""
-    from cmasd.decoding.kernels import Int8Linear, PackedLinear, packing_available
+    """Packed and gemv float32 kernels give the native logits to float tolerance; int8
+    weights give logits close to them. The model keeps its own float32 nn.Linear layers."""
+    from cmasd.decoding import small_linear
+    from cmasd.decoding.kernels import GemvLinear, Int8Linear, PackedLinear, packing_available
 
-    if kernels == "packed" and not packing_available():
+    if kernels in ("packed", "gemv") and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")
+    if kernels == "gemv" and small_linear.load()[1]:
+        pytest.skip(f"the gemv kernel is unavailable: {small_linear.load()[1]}")
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(7)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
     tokens, lengths = sequences(dictionary, gen, 2, 8), torch.tensor([5, 3])
     other = SpecDrafter(drafter, kernels)
-    kind = {"packed": PackedLinear, "int8": Int8Linear}[kernels]
+    kind = {"packed": PackedLinear, "gemv": GemvLinear, "int8": Int8Linear}[kernels]
     layer = other.decoder.layers[0]
     assert all(type(m) is kind for m in (layer.qkv, layer.self_out, layer.fc1, layer.fc2, other.decoder.output))
     assert type(drafter.decoder.layers[0].fc1) is torch.nn.Linear  # the model is untouched
@@ -285,7 +288,7 @@ def test_drafting_on_other_kernels_drafts_as_native(kernels):
     native = SpecDrafter(drafter)
     reference, _ = native.logits(native.start_cache(encoder_out, 12), tokens, lengths)
     assert logits.shape == reference.shape and torch.isfinite(logits).all()
-    if kernels == "packed":
+    if kernels in ("packed", "gemv"):
         torch.testing.assert_close(logits, reference, rtol=0, atol=1e-5)
     else:
         torch.testing.assert_close(logits, reference, rtol=0.1, atol=0.1)

@@ -10,13 +10,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cmasd.decoding.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
-from cmasd.decoding.kernels import Int8Linear, NativeLinear, PackedLinear, packing_available, prepared_linear, resolve_kernels
+from cmasd.decoding import small_linear
+from cmasd.decoding.kernels import (
+    GEMV_MAX_ROWS,
+    Int8Linear,
+    NativeLinear,
+    PackedLinear,
+    packing_available,
+    prepared_linear,
+    resolve_kernels,
+)
 from test_block_scoring import tiny_transformer
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
+GEMV_OBSTACLE = small_linear.load()[1] or (None if packing_available() else "no oneDNN packed linear")
+needs_gemv = pytest.mark.skipif(GEMV_OBSTACLE is not None, reason=f"the gemv kernel is unavailable: {GEMV_OBSTACLE}")
 
 
-@pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing), "int8"])
+@pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing),
+                                     pytest.param("gemv", marks=needs_gemv), "int8"])
 @pytest.mark.parametrize("relu", [False, True])
 def test_prepared_linear_computes_the_linear_layer(kernels, relu):
     torch.manual_seed(0)
@@ -32,6 +44,22 @@ def test_prepared_linear_computes_the_linear_layer(kernels, relu):
     torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
     if relu:
         assert (got >= 0).all()
+
+
+@needs_gemv
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 37])
+@pytest.mark.parametrize("features", [(24, 40), (256, 1024), (1024, 256), (40, 8000)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemv_computes_the_linear_layer_at_every_row_count(rows, features, bias):
+    """Each row count the kernel blocks differently (4 rows at a time, then 3, 2 or 1),
+    inputs not a multiple of its 16-wide chunks, past GEMV_MAX_ROWS the packed kernel."""
+    torch.manual_seed(rows)
+    plain = nn.Linear(*features, bias=bias)
+    x = torch.randn(rows, features[0])[:, None, :].expand(rows, 2, features[0])[:, 0]  # (rows, in), not contiguous
+    with torch.no_grad():
+        expected = F.relu(plain(x))
+        got = prepared_linear(plain.weight, plain.bias, "gemv", relu=True)(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * math.sqrt(features[0]))
 
 
 def test_prepared_linear_copies_the_weights():
@@ -50,7 +78,12 @@ def test_kernel_choice():
         resolve_kernels("packed", torch.zeros(1, dtype=torch.float16))
     with pytest.raises(ValueError, match="--spec-kernels: unknown 'fast'"):
         resolve_kernels("fast", cpu32)
-    assert resolve_kernels("auto", cpu32) == ("packed" if packing_available() else "native")
+    if GEMV_OBSTACLE is None:
+        assert resolve_kernels("auto", cpu32) == "gemv"
+    else:
+        assert resolve_kernels("auto", cpu32) == ("packed" if packing_available() else "native")
+    with pytest.raises(ValueError, match="--spec-kernels gemv: .* but the model is torch.float16"):
+        resolve_kernels("gemv", torch.zeros(1, dtype=torch.float16))
     with pytest.raises(ValueError, match="unknown kernels 'fp8'"):
         prepared_linear(torch.zeros(2, 2), None, "fp8")
 
@@ -60,7 +93,8 @@ def test_only_powers_of_two_are_folded():
     assert not exact_power_of_two(32 ** -0.5) and not exact_power_of_two(0.0)
 
 
-@pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing)])
+@pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing),
+                                     pytest.param("gemv", marks=needs_gemv)])
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("head_dim", [8, 16], ids=["scaling-applied", "scaling-folded"])
 def test_decoding_layer_equals_the_fairseq_layer(kernels, normalize_before, head_dim):

@@ -9,6 +9,13 @@ weights packed once into its blocked layout (``torch.ops.mkldnn._linear_pointwis
 kernel PyTorch's own inductor uses for frozen CPU models) reads them faster. The drafter
 can also run int8 weights (PyTorch dynamic quantization).
 
+At one to a few positions (batch size 1) even the packed kernel spends most of a call on
+dispatch: 1.4 ms for the verifier's 37 linear layers at one position, where streaming
+their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.decoding.small_linear``, a C++ kernel
+compiled on first use) computes up to ``GEMV_MAX_ROWS`` rows as a row-parallel
+matrix-vector product (0.45-0.6 ms for the same layers) and hands larger inputs to the
+packed kernel. ``auto`` picks it where it builds.
+
 ``prepared_linear`` builds one inference-only linear layer (weights copied, no
 gradients) on a chosen kernel; ``cmasd.decoding.attention.DecodingDecoder`` builds every layer
 of a decoder with it. ``native`` and ``packed`` are the same float32 arithmetic in
@@ -18,6 +25,8 @@ tolerance, and lossless decoding is checked against ``fairseq-generate --beam 1`
 for token (tests, ``check-lossless.sh``).
 """
 
+import functools
+import logging
 import warnings
 from typing import Optional
 
@@ -26,8 +35,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from cmasd.decoding import small_linear
+
+logger = logging.getLogger(__name__)
+
 # --spec-kernels (the verifier's decoder and a float32 drafter)
-KERNEL_CHOICES = ("auto", "packed", "native")
+KERNEL_CHOICES = ("auto", "gemv", "packed", "native")
+# Inputs of at most this many rows (batch x positions) take the gemv kernel; above, its
+# one-row-at-a-time arithmetic loses to oneDNN's blocked GEMM (measured: 4 rows 0.7 ms,
+# 6 rows 1.35 ms against 1.6-1.7 ms packed, 16 rows 3.2-4 ms against 2.4 ms, for the
+# verifier's 37 layers on 2 AMD EPYC cores).
+GEMV_MAX_ROWS = 8
 
 
 def packing_available() -> bool:
@@ -43,9 +61,10 @@ def packing_available() -> bool:
 
 
 def resolve_kernels(choice: str, like: Tensor) -> str:
-    """``--spec-kernels`` for a model whose parameters are like ``like``: ``packed`` or
-    ``native``. ``auto`` is packed for a float32 model on a CPU whose torch has the
-    kernel, native otherwise; ``packed`` where it cannot run is refused."""
+    """``--spec-kernels`` for a model whose parameters are like ``like``: ``gemv``,
+    ``packed`` or ``native``. ``auto`` is gemv for a float32 model on a CPU where the
+    kernel builds and torch has oneDNN's packed linear, packed where only the latter,
+    native otherwise; ``gemv`` or ``packed`` where it cannot run is refused."""
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"--spec-kernels: unknown {choice!r}; choose from {', '.join(KERNEL_CHOICES)}")
     if like.device.type != "cpu":
@@ -56,11 +75,25 @@ def resolve_kernels(choice: str, like: Tensor) -> str:
         obstacle = "this torch build has no oneDNN packed linear"
     else:
         obstacle = None
+    if choice in ("gemv", "auto") and not obstacle:
+        gemv_obstacle = small_linear.load()[1]
+        if choice == "gemv" and gemv_obstacle:
+            raise ValueError(f"--spec-kernels gemv: the kernel is unavailable: {gemv_obstacle} (use packed)")
+        if choice == "auto":
+            if gemv_obstacle:
+                warn_once(f"--spec-kernels auto: packed, not gemv: {gemv_obstacle}")
+            return "packed" if gemv_obstacle else "gemv"
     if choice == "auto":
-        return "native" if obstacle else "packed"
-    if choice == "packed" and obstacle:
-        raise ValueError(f"--spec-kernels packed: runs float32 models on CPU with oneDNN only, but {obstacle} (use native)")
+        return "native"
+    if choice in ("packed", "gemv") and obstacle:
+        raise ValueError(f"--spec-kernels {choice}: runs float32 models on CPU with oneDNN only, but {obstacle} "
+                         "(use native)")
     return choice
+
+
+@functools.lru_cache(maxsize=None)
+def warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 class NativeLinear(nn.Module):
@@ -92,6 +125,25 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, post_op={self.post_op}"
 
 
+class GemvLinear(PackedLinear):
+    """``gemv`` (``cmasd.decoding.small_linear``) for inputs of at most ``GEMV_MAX_ROWS``
+    rows, the packed oneDNN kernel above; ReLU fused into both."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
+        super().__init__(weight, bias, relu)
+        self.gemv = small_linear.load()[0]
+        if self.gemv is None:
+            raise ValueError(f"the gemv kernel is unavailable: {small_linear.load()[1]}")
+        self.weight = weight.float().contiguous()
+        self.gemv_bias = self.weight.new_zeros(self.out_features) if bias is None else bias.float().contiguous()
+        self.relu = relu
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() <= GEMV_MAX_ROWS * self.in_features and x.dtype == torch.float32:
+            return self.gemv(x, self.weight, self.gemv_bias, self.relu)
+        return super().forward(x)
+
+
 class Int8Linear(nn.Module):
     """int8 weights, activations quantized on the fly (PyTorch dynamic quantization, CPU),
     optionally followed by ReLU."""
@@ -117,12 +169,12 @@ class Int8Linear(nn.Module):
         return F.relu(y) if self.relu else y
 
 
-LINEARS = {"native": NativeLinear, "packed": PackedLinear, "int8": Int8Linear}
+LINEARS = {"native": NativeLinear, "packed": PackedLinear, "gemv": GemvLinear, "int8": Int8Linear}
 
 
 def prepared_linear(weight: Tensor, bias: Optional[Tensor], kernels: str, relu: bool = False) -> nn.Module:
     """An inference-only linear layer ``(..., in) -> (..., out)`` with copies of ``weight``
-    (out, in) and ``bias`` (out,) on ``kernels`` (native, packed or int8), ReLU after it
+    (out, in) and ``bias`` (out,) on ``kernels`` (native, packed, gemv or int8), ReLU after it
     when ``relu``."""
     if kernels not in LINEARS:
         raise ValueError(f"unknown kernels {kernels!r}; choose from {', '.join(LINEARS)}")

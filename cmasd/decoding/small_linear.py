@@ -1,0 +1,51 @@
+"""The ``gemv`` kernel's operator: ``csrc/small_linear.cpp``, compiled on first use.
+
+``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
+(``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
+cores) with ninja and the system's C++ compiler, for AVX2 + FMA. Where it cannot be
+built or run (no compiler, another architecture, a CPU without AVX2/FMA) ``load``
+says why, and ``--spec-kernels auto`` falls back to the packed oneDNN kernel.
+"""
+
+import functools
+import logging
+import os
+import platform
+from typing import Callable, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "small_linear.cpp")
+NAME = "cmasd_small_linear_v1"  # a new name when the source changes incompatibly
+
+
+def cpu_obstacle() -> Optional[str]:
+    """Why this CPU cannot run the kernel, or None."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return f"it is written for x86-64 (AVX2 + FMA), this machine is {platform.machine()}"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "the CPU's features are unknown (no /proc/cpuinfo)"
+    missing = [flag for flag in ("avx2", "fma") if flag not in flags]
+    return f"the CPU lacks {' and '.join(missing)}" if missing else None
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Tuple[Optional[Callable], Optional[str]]:
+    """``(small_linear, None)``, or ``(None, why it is unavailable)``; built once per
+    machine, loaded once per process."""
+    obstacle = cpu_obstacle()
+    if obstacle:
+        return None, obstacle
+    try:
+        from torch.utils import cpp_extension
+
+        module = cpp_extension.load(
+            NAME, [SOURCE], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
+        return None, f"building {os.path.basename(SOURCE)} failed: {type(e).__name__}: {str(e).strip()[-500:]}"
+    return module.small_linear, None
