@@ -8,7 +8,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from cmasd.decoding import small_linear
+from cmasd.decoding import extension
 from cmasd.decoding.kernels import packing_available
 from cmasd.decoding.cache import BlockScorer
 
@@ -44,8 +44,8 @@ def incremental_logits(model, encoder_out, tokens):
 KERNELS = [
     "native",
     pytest.param("packed", marks=pytest.mark.skipif(not packing_available(), reason="no oneDNN packed linear")),
-    pytest.param("gemv", marks=pytest.mark.skipif(not packing_available() or small_linear.load()[1] is not None,
-                                                  reason=f"gemv unavailable: {small_linear.load()[1]}")),
+    pytest.param("gemv", marks=pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
+                                                  reason=f"gemv unavailable: {extension.load()[1]}")),
 ]
 
 
@@ -156,3 +156,52 @@ def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass():
         got = FloorScorer(model)(net_input)
     for b, n in enumerate((10, 4, 7)):  # eos + the hypothesis without its eos
         torch.testing.assert_close(got[b, :n], expected[b, :n], rtol=0, atol=1e-4)
+
+
+@pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
+                    reason=f"gemv unavailable: {extension.load()[1]}")
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("bsz", [1, 2])
+def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, bsz):
+    """gemv kernels at a block of at most GEMV_MAX_ROWS rows: the decoder's layers in one
+    C++ call (FusedDecoder), against fairseq's incremental decoding and against the same
+    layers run one by one from Python; ragged rows, rows without padding too."""
+    from cmasd.decoding.kernels import GEMV_MAX_ROWS
+
+    model, dictionary = tiny_transformer(normalize_before, learned_pos=True)
+    pad = dictionary.pad()
+    torch.manual_seed(5)
+    src = torch.randint(4, len(dictionary), (bsz, 7))
+    if bsz > 1:
+        src[0, :3] = pad  # left-padded source: a cross mask
+    tgt = torch.randint(4, len(dictionary), (bsz, 9))
+    tgt[:, 0] = dictionary.eos()
+    chunks = [[1, 4, 3, 1], [2, 2, 4, 1]][:bsz]
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=src.ne(pad).sum(1))
+        expected = incremental_logits(model, encoder_out, tgt)  # (B, T, V)
+        scorers = [BlockScorer(model.decoder, "gemv") for _ in range(2)]
+        assert scorers[0].decoder.fused is not None
+        scorers[1].decoder.fused = None  # layer by layer
+        results = []
+        for scorer in scorers:
+            cache = scorer.start(encoder_out, capacity=4)
+            got = torch.zeros_like(expected)
+            start = torch.zeros(bsz, dtype=torch.long)
+            for call in range(4):
+                sizes = torch.tensor([row[call] for row in chunks])
+                width = int(sizes.max())
+                assert bsz * width <= GEMV_MAX_ROWS
+                cache = cache.grow(int((start + width).max()))
+                block = torch.full((bsz, width), pad)
+                for b in range(bsz):
+                    block[b, : sizes[b]] = tgt[b, start[b]: start[b] + sizes[b]]
+                logits = scorer.score(cache, block, start)
+                for b in range(bsz):
+                    got[b, start[b]: start[b] + sizes[b]] = logits[b, : sizes[b]]
+                start = start + sizes
+            results.append(got)
+    fused, layered = results
+    torch.testing.assert_close(fused, layered, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fused, expected, rtol=0, atol=1e-4)
+    assert torch.equal(fused.argmax(-1), expected.argmax(-1))

@@ -268,13 +268,13 @@ def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
 def test_drafting_on_other_kernels_drafts_as_native(kernels):
     """Packed and gemv float32 kernels give the native logits to float tolerance; int8
     weights give logits close to them. The model keeps its own float32 nn.Linear layers."""
-    from cmasd.decoding import small_linear
+    from cmasd.decoding import extension
     from cmasd.decoding.kernels import GemvLinear, Int8Linear, PackedLinear, packing_available
 
     if kernels in ("packed", "gemv") and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")
-    if kernels == "gemv" and small_linear.load()[1]:
-        pytest.skip(f"the gemv kernel is unavailable: {small_linear.load()[1]}")
+    if kernels == "gemv" and extension.load()[1]:
+        pytest.skip(f"the gemv kernel is unavailable: {extension.load()[1]}")
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(7)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)

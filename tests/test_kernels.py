@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cmasd.decoding.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
-from cmasd.decoding import small_linear
+from cmasd.decoding import extension
 from cmasd.decoding.kernels import (
     GEMV_MAX_ROWS,
     Int8Linear,
@@ -23,7 +23,7 @@ from cmasd.decoding.kernels import (
 from test_block_scoring import tiny_transformer
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
-GEMV_OBSTACLE = small_linear.load()[1] or (None if packing_available() else "no oneDNN packed linear")
+GEMV_OBSTACLE = extension.load()[1] or (None if packing_available() else "no oneDNN packed linear")
 needs_gemv = pytest.mark.skipif(GEMV_OBSTACLE is not None, reason=f"the gemv kernel is unavailable: {GEMV_OBSTACLE}")
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cmasd.decoding.kernels import linear_of, prepared_linear
+from cmasd.decoding.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
 
 # Called once per layer with that layer's new keys/values (B, H, T_new, d);
 # returns every key/value the new queries may see and the visibility mask.
@@ -351,6 +351,8 @@ class DecodingDecoder:
         self.project_out = None if decoder.project_out_dim is None else linear_of(decoder.project_out_dim, kernels)
         self.output = linear_of(decoder.output_projection, kernels)
         self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
+        # gemv kernels: the layers also as one C++ call, for passes of at most GEMV_MAX_ROWS rows
+        self.fused = fused_layers(self.layers) if kernels == "gemv" else None
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C)."""
@@ -377,6 +379,33 @@ class DecodingDecoder:
             x = layer(index, x, self_keys, self_bias, cross[index], cross_bias)
         return x
 
+    def block_states(
+        self,
+        x: Tensor,
+        kv: List[Tensor],
+        where: Tensor,
+        used: int,
+        self_bias: Optional[Tensor],
+        cross: List[Tuple[Tensor, Tensor]],
+        cross_bias: Optional[Tensor],
+    ) -> Tensor:
+        """All layers over a block x (B, T, C) whose new keys and values go into each
+        layer's cache ``kv`` (B, 2H, capacity, d) at ``where`` (B, 2H, T, d) (sequence
+        positions), the queries seeing cache positions < ``used`` through ``self_bias``
+        (B, 1, T, used). In one C++ call where the gemv kernels' fused layers take a block
+        this small, else layer by layer."""
+        if self.fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
+            return self.fused.states(x, kv, where, used, self_bias, [k for k, _ in cross], [v for _, v in cross],
+                                     cross_bias)
+        heads = self.heads
+
+        def self_keys(layer: int, kv_new: Tensor):
+            cache = kv[layer]  # (B, 2H, capacity, d)
+            cache.scatter_(2, where, kv_new)
+            return cache[:, :heads, :used], cache[:, heads:, :used]  # (B, H, used, d) each
+
+        return self.states(x, self_keys, self_bias, cross, cross_bias)
+
     def logits(self, x: Tensor) -> Tensor:
         """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""
         if self.layer_norm is not None:
@@ -384,3 +413,33 @@ class DecodingDecoder:
         if self.project_out is not None:
             x = self.project_out(x)
         return self.output(x)
+
+
+def fused_layers(layers: List[DecodingLayer]):
+    """The C++ ``FusedDecoder`` of ``layers`` (all on gemv kernels), or None where a
+    layer has what it does not run (an activation other than ReLU, or encoder attention
+    in some layers only)."""
+    from cmasd.decoding import extension
+
+    module = extension.load()[0]
+    if module is None or any(layer.activation is not None for layer in layers):
+        return None
+    if len({layer.has_cross for layer in layers}) != 1 or len({layer.normalize_before for layer in layers}) != 1:
+        return None
+    fused = module.FusedDecoder(layers[0].heads, layers[0].normalize_before)
+    empty = torch.empty(0)
+    for layer in layers:
+        cross = [layer.cross_q, layer.cross_out] if layer.has_cross else []
+        norms = [layer.self_norm] + ([layer.cross_norm] if layer.has_cross else []) + [layer.final_norm]
+        if any(not isinstance(norm, torch.nn.LayerNorm) or norm.weight is None for norm in norms):
+            return None
+        tensors = [layer.qkv.weight, layer.qkv.gemv_bias, layer.self_out.weight, layer.self_out.gemv_bias,
+                   layer.self_norm.weight.detach(), layer.self_norm.bias.detach()]
+        tensors += [t for linear in cross for t in (linear.weight, linear.gemv_bias)] or [empty] * 4
+        tensors += [layer.cross_norm.weight.detach(), layer.cross_norm.bias.detach()] if layer.has_cross else [empty] * 2
+        tensors += [layer.fc1.weight, layer.fc1.gemv_bias, layer.fc2.weight, layer.fc2.gemv_bias,
+                    layer.final_norm.weight.detach(), layer.final_norm.bias.detach()]
+        eps = [norm.eps for norm in (layer.self_norm, layer.cross_norm if layer.has_cross else layer.self_norm,
+                                     layer.final_norm)]
+        fused.add_layer(tensors, [layer.self_scaling or 0.0, layer.cross_scaling or 0.0, *eps], layer.has_cross)
+    return fused

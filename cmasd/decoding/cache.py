@@ -116,13 +116,6 @@ class BlockScorer:
             raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.capacity} (grow it)")
         key_pos = torch.arange(used, device=tokens.device)
         bias = additive_mask((key_pos[None, None, :] <= index[:, :, None])[:, None], x)  # (B, 1, n, used)
-        heads = dec.heads
-        where = index[:, None, :, None].expand(bsz, 2 * heads, n, dec.head_dim)  # (B, 2H, n, d)
-
-        def self_keys(layer: int, kv_new: Tensor):
-            kv = cache.kv[layer]  # (B, 2H, capacity, d)
-            kv.scatter_(2, where, kv_new)
-            return kv[:, :heads, :used], kv[:, heads:, :used]  # (B, H, used, d) each
-
-        states = dec.states(x, self_keys, bias, cache.cross, cache.cross_bias)  # (B, n, C)
+        where = index[:, None, :, None].expand(bsz, 2 * dec.heads, n, dec.head_dim)  # (B, 2H, n, d)
+        states = dec.block_states(x, cache.kv, where, used, bias, cache.cross, cache.cross_bias)  # (B, n, C)
         return dec.logits(states)  # (B, n, V)

@@ -11,7 +11,7 @@ can also run int8 weights (PyTorch dynamic quantization).
 
 At one to a few positions (batch size 1) even the packed kernel spends most of a call on
 dispatch: 1.4 ms for the verifier's 37 linear layers at one position, where streaming
-their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.decoding.small_linear``, a C++ kernel
+their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.decoding.extension``, a C++ kernel
 compiled on first use) computes up to ``GEMV_MAX_ROWS`` rows as a row-parallel
 matrix-vector product (0.45-0.6 ms for the same layers) and hands larger inputs to the
 packed kernel. ``auto`` picks it where it builds.
@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from cmasd.decoding import small_linear
+from cmasd.decoding import extension
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def resolve_kernels(choice: str, like: Tensor) -> str:
     else:
         obstacle = None
     if choice in ("gemv", "auto") and not obstacle:
-        gemv_obstacle = small_linear.load()[1]
+        gemv_obstacle = extension.load()[1]
         if choice == "gemv" and gemv_obstacle:
             raise ValueError(f"--spec-kernels gemv: the kernel is unavailable: {gemv_obstacle} (use packed)")
         if choice == "auto":
@@ -126,14 +126,15 @@ class PackedLinear(nn.Module):
 
 
 class GemvLinear(PackedLinear):
-    """``gemv`` (``cmasd.decoding.small_linear``) for inputs of at most ``GEMV_MAX_ROWS``
+    """``gemv`` (``cmasd.decoding.extension``) for inputs of at most ``GEMV_MAX_ROWS``
     rows, the packed oneDNN kernel above; ReLU fused into both."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
         super().__init__(weight, bias, relu)
-        self.gemv = small_linear.load()[0]
-        if self.gemv is None:
-            raise ValueError(f"the gemv kernel is unavailable: {small_linear.load()[1]}")
+        module = extension.load()[0]
+        if module is None:
+            raise ValueError(f"the gemv kernel is unavailable: {extension.load()[1]}")
+        self.gemv = module.small_linear
         self.weight = weight.float().contiguous()
         self.gemv_bias = self.weight.new_zeros(self.out_features) if bias is None else bias.float().contiguous()
         self.relu = relu

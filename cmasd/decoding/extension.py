@@ -1,4 +1,6 @@
-"""The ``gemv`` kernel's operator: ``csrc/small_linear.cpp``, compiled on first use.
+"""The ``gemv`` kernels' C++ extension: ``csrc/decoding.cpp`` (``small_linear``, the
+matrix-vector linear layer, and ``FusedDecoder``, a decoder's layers in one call),
+compiled on first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
@@ -11,12 +13,12 @@ import functools
 import logging
 import os
 import platform
-from typing import Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "small_linear.cpp")
-NAME = "cmasd_small_linear_v1"  # a new name when the source changes incompatibly
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
+NAME = "cmasd_decoding_v1"  # a new name when the source's interface changes
 
 
 def cpu_obstacle() -> Optional[str]:
@@ -33,9 +35,9 @@ def cpu_obstacle() -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def load() -> Tuple[Optional[Callable], Optional[str]]:
-    """``(small_linear, None)``, or ``(None, why it is unavailable)``; built once per
-    machine, loaded once per process."""
+def load() -> Tuple[Optional[Any], Optional[str]]:
+    """``(the extension module, None)``, or ``(None, why it is unavailable)``; built once
+    per machine, loaded once per process."""
     obstacle = cpu_obstacle()
     if obstacle:
         return None, obstacle
@@ -48,4 +50,4 @@ def load() -> Tuple[Optional[Callable], Optional[str]]:
         )
     except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
         return None, f"building {os.path.basename(SOURCE)} failed: {type(e).__name__}: {str(e).strip()[-500:]}"
-    return module.small_linear, None
+    return module, None
