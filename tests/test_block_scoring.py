@@ -205,3 +205,34 @@ def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, b
     torch.testing.assert_close(fused, layered, rtol=0, atol=1e-5)
     torch.testing.assert_close(fused, expected, rtol=0, atol=1e-4)
     assert torch.equal(fused.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("learned_pos", [False, True])
+def test_prepared_encoder_encodes_as_fairseq(kernels, normalize_before, learned_pos):
+    """The encoder on prepared layers (DecodingEncoder) returns fairseq's encoder output
+    to float tolerance, padded and unpadded batches alike."""
+    from cmasd.decoding.attention import DecodingEncoder, encoder_of
+
+    model, dictionary = tiny_transformer(normalize_before, learned_pos)
+    pad = dictionary.pad()
+    torch.manual_seed(6)
+    for padded in (False, True):
+        src = torch.randint(4, len(dictionary), (3, 9))
+        src[:, -1] = dictionary.eos()
+        if padded:
+            src[0, :4] = pad  # fairseq left-pads sources
+            src[2, :1] = pad
+        net_input = {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}
+        with torch.no_grad():
+            expected = model.encoder.forward_torchscript(net_input)
+            encode = encoder_of(model.encoder, kernels)
+            assert isinstance(encode, DecodingEncoder)
+            got = encode(net_input)
+        assert set(got) == set(expected)
+        real = ~expected["encoder_padding_mask"][0].t()[..., None]  # (S, B, 1): padded positions are not read
+        torch.testing.assert_close(got["encoder_out"][0] * real, expected["encoder_out"][0] * real, rtol=0, atol=1e-5)
+        assert torch.equal(got["encoder_padding_mask"][0], expected["encoder_padding_mask"][0])
+        assert torch.equal(got["src_lengths"][0], expected["src_lengths"][0])
+        torch.testing.assert_close(got["encoder_embedding"][0], expected["encoder_embedding"][0])

@@ -240,6 +240,17 @@ def attend_biased(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Te
     return torch.matmul(probs, v)  # (B, H, Tq, d)
 
 
+def fused_qkv(attn, kernels: str):
+    """A self-attention module's query, key and value projections as one linear layer
+    (C -> 3C) on ``kernels``, the query scaling folded into it where that is exact (a
+    power of two); returns the layer and the scaling still to apply (None: folded)."""
+    remaining, scale = DecodingLayer.fold(attn.scaling)
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    weight = torch.cat([p.weight * s for p, s in zip(projections, (scale, 1.0, 1.0))])  # (3C, C)
+    bias = torch.cat([p.bias * s for p, s in zip(projections, (scale, 1.0, 1.0))])  # (3C,)
+    return prepared_linear(weight, bias, kernels), remaining
+
+
 class DecodingLayer:
     """One fairseq ``TransformerDecoderLayer`` prepared for decoding (inference only: no
     dropout, no gradients; weights copied once). Its query, key and value projections
@@ -253,11 +264,7 @@ class DecodingLayer:
         attn = layer.self_attn
         self.heads, self.head_dim = attn.num_heads, attn.head_dim
         self.normalize_before = layer.normalize_before
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        self.self_scaling, scale = self.fold(attn.scaling)
-        weight = torch.cat([p.weight * s for p, s in zip(projections, (scale, 1.0, 1.0))])  # (3C, C)
-        bias = torch.cat([p.bias * s for p, s in zip(projections, (scale, 1.0, 1.0))])  # (3C,)
-        self.qkv = prepared_linear(weight, bias, kernels)
+        self.qkv, self.self_scaling = fused_qkv(attn, kernels)
         self.self_out = linear_of(attn.out_proj, kernels)
         self.self_norm = layer.self_attn_layer_norm
 
@@ -443,3 +450,106 @@ def fused_layers(layers: List[DecodingLayer]):
                                      layer.final_norm)]
         fused.add_layer(tensors, [layer.self_scaling or 0.0, layer.cross_scaling or 0.0, *eps], layer.has_cross)
     return fused
+
+
+class EncodingLayer:
+    """One fairseq ``TransformerEncoderLayer`` prepared as ``DecodingLayer`` is (fused
+    q/k/v projection, chosen kernels, ReLU fused into ``fc1``, an additive padding mask):
+    the arithmetic of fairseq's layer in eval mode."""
+
+    def __init__(self, layer, kernels: str):
+        check_supported_layer(layer)
+        if getattr(layer, "return_fc", False):
+            raise ValueError("cmasd cannot encode with layers that return their feed-forward output (return_fc)")
+        attn = layer.self_attn
+        self.heads = attn.num_heads
+        self.normalize_before = layer.normalize_before
+        self.qkv, self.scaling = fused_qkv(attn, kernels)
+        self.out = linear_of(attn.out_proj, kernels)
+        self.self_norm = layer.self_attn_layer_norm
+        relu = layer.activation_fn is F.relu
+        self.fc1 = linear_of(layer.fc1, kernels, relu=relu)
+        self.activation = None if relu else layer.activation_fn
+        self.fc2 = linear_of(layer.fc2, kernels)
+        self.final_norm = layer.final_layer_norm
+
+    def __call__(self, x: Tensor, padding_bias: Optional[Tensor]) -> Tensor:
+        """x (B, S, C) -> (B, S, C); ``padding_bias`` (B, 1, 1, S) masks padded source
+        tokens (None: no padding)."""
+        bsz, length, _ = x.shape
+        residual = x
+        if self.normalize_before:
+            x = self.self_norm(x)
+        qkv = self.qkv(x).view(bsz, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, H, S, d)
+        q = qkv[0] if self.scaling is None else qkv[0] * self.scaling
+        x = residual + self.out(merge_heads(attend_biased(q, qkv[1], qkv[2], padding_bias)))
+        if not self.normalize_before:
+            x = self.self_norm(x)
+        residual = x
+        if self.normalize_before:
+            x = self.final_norm(x)
+        x = self.fc1(x)
+        if self.activation is not None:
+            x = self.activation(x)
+        x = residual + self.fc2(x)
+        if not self.normalize_before:
+            x = self.final_norm(x)
+        return x
+
+
+class DecodingEncoder:
+    """A fairseq Transformer encoder run on ``EncodingLayer``s: its embeddings and final
+    layer norm as they are, the layers on ``kernels``. Returns fairseq's encoder output
+    dictionary, so that every consumer of ``forward_torchscript``'s output takes it."""
+
+    def __init__(self, encoder, kernels: str):
+        self.encoder = encoder
+        self.layers = [EncodingLayer(layer, kernels) for layer in encoder.layers]
+
+    @staticmethod
+    def supports(encoder) -> bool:
+        """Whether ``encoder`` is a fairseq Transformer encoder whose layers this runs."""
+        from fairseq.models.transformer import TransformerEncoderBase
+
+        if not isinstance(encoder, TransformerEncoderBase):
+            return False
+        try:
+            for layer in encoder.layers:
+                check_supported_layer(layer)
+        except ValueError:
+            return False
+        return not any(getattr(layer, "return_fc", False) for layer in encoder.layers)
+
+    def __call__(self, net_input: dict) -> dict:
+        """fairseq's ``encoder.forward_torchscript(net_input)`` in eval mode."""
+        src_tokens = net_input["src_tokens"]  # (B, S)
+        enc = self.encoder
+        padding = src_tokens.eq(enc.padding_idx)  # (B, S)
+        has_pads = bool(padding.any())
+        x, embedding = enc.forward_embedding(src_tokens)  # (B, S, C) each
+        bias = None
+        if has_pads:
+            x = x * (1 - padding.unsqueeze(-1).type_as(x))
+            bias = additive_mask(~padding[:, None, None, :], x)  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, bias)
+        if enc.layer_norm is not None:
+            x = enc.layer_norm(x)
+        lengths = src_tokens.ne(enc.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {
+            "encoder_out": [x.transpose(0, 1)],  # (S, B, C)
+            "encoder_padding_mask": [padding],
+            "encoder_embedding": [embedding],
+            "encoder_states": [],
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [lengths],
+        }
+
+
+def encoder_of(encoder, kernels: str):
+    """``encoder``'s ``forward_torchscript`` on prepared layers where ``DecodingEncoder``
+    runs it, else fairseq's own."""
+    if DecodingEncoder.supports(encoder):
+        return DecodingEncoder(encoder, kernels)
+    return encoder.forward_torchscript

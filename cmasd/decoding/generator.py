@@ -22,6 +22,7 @@ from typing import Any, Dict, List, NamedTuple
 import torch
 from torch import Tensor
 
+from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
 from cmasd.decoding.stats import DecodeStats
 from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source
@@ -119,6 +120,7 @@ class SpeculativeGenerator:
         self.model = model
         self.drafter = drafter
         self.scorer = BlockScorer(model.decoder, kernels)
+        self.encode = encoder_of(model.encoder, kernels)
         self.controller = controller
         self.acceptance = acceptance
         self.rules = rules
@@ -150,7 +152,7 @@ class SpeculativeGenerator:
 
         self.warn_empty_sources(sample)
         stats = DecodeStats(sentences=bsz)
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        encoder_out = self.encode(net_input)
         source = Source(src_tokens, net_input["src_lengths"], encoder_out)
         state = self.start(source, capacity, expected)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]

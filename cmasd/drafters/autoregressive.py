@@ -24,6 +24,7 @@ import torch
 from fairseq.models.transformer import TransformerModelBase
 from torch import Tensor
 
+from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
 
@@ -62,6 +63,7 @@ class AutoregressiveDrafter(ModelDrafter):
         self.model = model
         self.scorer = BlockScorer(model.decoder, kernels)
         self.shares_encoder = shares_encoder
+        self.encode = None if shares_encoder else encoder_of(model.encoder, kernels)
 
     @staticmethod
     def horizon_limit(model) -> Optional[int]:
@@ -78,9 +80,7 @@ class AutoregressiveDrafter(ModelDrafter):
     def start(self, source: Source, capacity: int) -> ARDrafterState:
         encoder_out = source.encoder_out
         if not self.shares_encoder:
-            encoder_out = self.model.encoder.forward_torchscript(
-                {"src_tokens": source.tokens, "src_lengths": source.lengths}
-            )
+            encoder_out = self.encode({"src_tokens": source.tokens, "src_lengths": source.lengths})
         cached = torch.zeros(source.tokens.size(0), dtype=torch.long, device=source.tokens.device)
         return ARDrafterState(self.scorer.start(encoder_out, capacity), cached)
 

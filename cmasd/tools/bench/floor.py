@@ -5,6 +5,7 @@ from typing import Any, Dict, List, Mapping
 
 import torch
 
+from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer
 from cmasd.decoding.kernels import resolve_kernels
 
@@ -25,7 +26,8 @@ def teacher_forced_input(sample, hypotheses: Mapping[int, List[int]], eos: int, 
 
 
 class FloorScorer:
-    """The floor's pass over a batch: the verifier's encoder, then every target position
+    """The floor's pass over a batch: the verifier's encoder (on the decoders' prepared
+    layers), then every target position
     scored at once by the block scorer the decoding loops verify with, on the kernels
     ``--spec-kernels auto`` picks (oneDNN-packed for a float32 model on CPU), so that no
     configuration runs faster layers than the floor. Every row is padded to its batch's
@@ -33,13 +35,13 @@ class FloorScorer:
 
     def __init__(self, model):
         self.kernels = resolve_kernels("auto", next(model.parameters()))
-        self.encoder = model.encoder
+        self.encode = encoder_of(model.encoder, self.kernels)
         self.scorer = BlockScorer(model.decoder, self.kernels)
 
     @torch.no_grad()
     def __call__(self, net_input: Dict[str, Any]) -> torch.Tensor:
         """Logits (B, T, V) of ``net_input``'s prev_output_tokens (B, T), teacher-forced."""
         prev = net_input["prev_output_tokens"]  # (B, T)
-        encoder_out = self.encoder.forward_torchscript(net_input)
+        encoder_out = self.encode(net_input)
         cache = self.scorer.start(encoder_out, prev.size(1))
         return self.scorer.score(cache, prev, prev.new_zeros(prev.size(0)))
