@@ -13,6 +13,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 typedef float v8 __attribute__((vector_size(32)));
 
 static inline v8 load8(const float* p) { v8 v; __builtin_memcpy(&v, p, 32); return v; }
@@ -83,15 +87,53 @@ torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {  // (B, T, C)
   return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
 }
 
-torch::Tensor merge_heads(const torch::Tensor& x) {  // (B, H, T, d) -> (B, T, H d)
-  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
-}
-
+// Scaled dot-product attention for a few queries, written out: q (B, H, T, d) already
+// scaled, k and v (B, H, Tk, d), bias broadcastable to (B, 1, T, Tk) (0 / -inf) or none.
+// Returns (B, T, H d): the heads already merged. softmax(q k^T + bias) v as fairseq
+// computes it (max-subtracted exponentials over their sum), in float32.
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const c10::optional<torch::Tensor>& bias) {
-  auto weights = at::matmul(q, k.transpose(-1, -2));  // (B, H, Tq, Tk)
-  if (bias.has_value()) weights = weights + *bias;
-  return at::matmul(at::softmax(weights, -1), v);  // (B, H, Tq, d)
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "attend: the head dimension must be dense");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3), Tk = k.size(2);
+  auto out = torch::empty({B, T, H * d}, q.options());
+  torch::Tensor mask;
+  int64_t mb = 0, mt = 0;
+  const float* mp = nullptr;
+  if (bias.has_value()) {
+    mask = bias->expand({B, 1, T, Tk});
+    TORCH_CHECK(mask.stride(3) == 1, "attend: the mask's key dimension must be dense");
+    mb = mask.stride(0), mt = mask.stride(2), mp = mask.data_ptr<float>();
+  }
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  std::vector<float> scores(Tk);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* kb = kp + b * k.stride(0) + h * k.stride(1);
+      const float* vb = vp + b * v.stride(0) + h * v.stride(1);
+      for (int64_t t = 0; t < T; ++t) {
+        const float* qt = qp + b * q.stride(0) + h * q.stride(1) + t * q.stride(2);
+        const float* mrow = mp ? mp + b * mb + t * mt : nullptr;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < Tk; ++j) {
+          float acc;
+          dots<1>(qt, kb + j * k.stride(2), d, &acc);
+          scores[j] = mrow ? acc + mrow[j] : acc;
+          top = std::max(top, scores[j]);
+        }
+        float total = 0.f;
+        for (int64_t j = 0; j < Tk; ++j) total += (scores[j] = std::exp(scores[j] - top));
+        float* o = op + (b * T + t) * H * d + h * d;
+        for (int64_t e = 0; e < d; ++e) o[e] = 0.f;
+        for (int64_t j = 0; j < Tk; ++j) {
+          const float p = scores[j] / total;
+          const float* vj = vb + j * v.stride(2);
+          for (int64_t e = 0; e < d; ++e) o[e] += p * vj[e];
+        }
+      }
+    }
+  }
+  return out;
 }
 
 struct Layer {
@@ -140,7 +182,7 @@ class FusedDecoder {
       kv[i].scatter_(2, where, qkv.slice(1, H, 3 * H));
       auto keys = kv[i].slice(1, 0, H).slice(2, 0, used);
       auto values = kv[i].slice(1, H, 2 * H).slice(2, 0, used);
-      x = residual + linear(merge_heads(attend(q, keys, values, self_bias)), L.self_out_w, L.self_out_b, false);
+      x = residual + linear(attend(q, keys, values, self_bias), L.self_out_w, L.self_out_b, false);
       if (!normalize_before_) x = at::layer_norm(x, {C}, L.self_norm_w, L.self_norm_b, L.self_eps);
 
       if (L.has_cross) {
@@ -148,7 +190,7 @@ class FusedDecoder {
         if (normalize_before_) x = at::layer_norm(x, {C}, L.cross_norm_w, L.cross_norm_b, L.cross_eps);
         auto cq = split_heads(linear(x, L.cross_q_w, L.cross_q_b, false), H);
         if (L.cross_scaling != 0.0) cq = cq * L.cross_scaling;
-        x = residual + linear(merge_heads(attend(cq, cross_k[i], cross_v[i], cross_bias)), L.cross_out_w,
+        x = residual + linear(attend(cq, cross_k[i], cross_v[i], cross_bias), L.cross_out_w,
                               L.cross_out_b, false);
         if (!normalize_before_) x = at::layer_norm(x, {C}, L.cross_norm_w, L.cross_norm_b, L.cross_eps);
       }
