@@ -138,3 +138,19 @@ def test_decoding_layer_equals_the_fairseq_layer(kernels, normalize_before, head
         expected = decoder_layer(layer, 0, x, old_keys, reference_cross, source[:, None, None, :])
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert math.isclose(prepared.self_scaling or 1.0, 1.0 if head_dim == 16 else head_dim ** -0.5)
+
+
+@needs_gemv
+def test_the_kernels_are_built_once_per_machine():
+    """After the first build (this process's, above), another process loads the built
+    module: nothing is compiled again at decoding time."""
+    import subprocess
+    import sys
+
+    code = ("from torch.utils import cpp_extension; from cmasd.decoding import extension; "
+            "cpp_extension.load(**extension.build_arguments(verbose=True))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = proc.stdout + proc.stderr
+    assert "ninja: no work to do" in log, log[-2000:]  # ninja found the build up to date
+    assert "[1/" not in log, log[-2000:]  # and ran no compile or link step

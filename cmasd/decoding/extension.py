@@ -34,6 +34,12 @@ def cpu_obstacle() -> Optional[str]:
     return f"the CPU lacks {' and '.join(missing)}" if missing else None
 
 
+def build_arguments(verbose: bool = False) -> dict:
+    """The arguments of ``torch.utils.cpp_extension.load`` for this extension."""
+    return dict(name=NAME, sources=[SOURCE], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], verbose=verbose)
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> Tuple[Optional[Any], Optional[str]]:
     """``(the extension module, None)``, or ``(None, why it is unavailable)``; built once
@@ -44,10 +50,7 @@ def load() -> Tuple[Optional[Any], Optional[str]]:
     try:
         from torch.utils import cpp_extension
 
-        module = cpp_extension.load(
-            NAME, [SOURCE], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        module = cpp_extension.load(**build_arguments())
     except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
         return None, f"building {os.path.basename(SOURCE)} failed: {type(e).__name__}: {str(e).strip()[-500:]}"
     return module, None

@@ -9,7 +9,8 @@ decoders on one data split, measured the same way in one process.
 
 What it does, in order:
 
-1. loads the verifier (a fairseq ``translation`` checkpoint), the drafters the
+1. loads the verifier (a fairseq ``translation`` checkpoint; for the ct2 rows also its
+   CTranslate2 conversion, cached, see ``ct2``), the drafters the
    configurations draft with (``--drafter-path``: the Spec-Drafter; ``--ar-drafter-path``:
    an autoregressive draft model) and the split once, and builds every batch of every batch size up front, so data
    loading and collation stay outside the timed region;
@@ -21,7 +22,8 @@ What it does, in order:
    synchronize on GPU);
 3. also times the *floor*: one teacher-forced verifier pass per batch over greedy's
    output, the cost of merely scoring the answer with the verifier (``FloorScorer``:
-   the encoder, then the decoding loops' own block scorer on their fastest kernels);
+   the encoder and the decoding loops' own block scorer, on the layers and kernels
+   ``--spec-kernels auto`` gives the decoders);
 4. scores the first recorded pass of every configuration (decoding is deterministic)
    and writes ``bench.md``, ``bench.json`` and ``latency-throughput.png`` under
    ``--out-dir``.
@@ -44,7 +46,8 @@ Errors in the command line, the files or the configurations are one line on stde
 
 The package: ``configs`` (named and ad-hoc configurations), ``loading`` (models, split,
 batches, generators), ``measure`` (timing), ``floor`` (the teacher-forced floor),
-``scoring`` (detokenizing, BLEU, ROUGE), ``report`` (rows, table, figure, JSON), ``cli``.
+``scoring`` (detokenizing, BLEU, ROUGE), ``report`` (rows, table, figure, JSON), ``ct2``
+(the CTranslate2 rows), ``cli``.
 """
 
 from cmasd.tools.bench.cli import (  # noqa: F401  (the package's interface, used by cmasd-tune and the tests)
