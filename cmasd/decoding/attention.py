@@ -251,7 +251,35 @@ def fused_qkv(attn, kernels: str):
     return prepared_linear(weight, bias, kernels), remaining
 
 
-class DecodingLayer:
+class PreparedFeedForward:
+    """The feed-forward block of a fairseq Transformer layer prepared for decoding (its
+    two linear layers on chosen kernels, a ReLU fused into the first), with the residual
+    and the layer norm where the layer puts it."""
+
+    normalize_before: bool
+
+    def prepare_feed_forward(self, layer, kernels: str) -> None:
+        relu = layer.activation_fn is F.relu
+        self.fc1 = linear_of(layer.fc1, kernels, relu=relu)
+        self.activation = None if relu else layer.activation_fn
+        self.fc2 = linear_of(layer.fc2, kernels)
+        self.final_norm = layer.final_layer_norm
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        residual = x
+        if self.normalize_before:
+            x = self.final_norm(x)
+        x = self.fc1(x)  # (B, T, F), ReLU included
+        if self.activation is not None:
+            x = self.activation(x)
+        x = residual + self.fc2(x)  # (B, T, C)
+        if not self.normalize_before:
+            x = self.final_norm(x)
+        return x
+
+
+class DecodingLayer(PreparedFeedForward):
     """One fairseq ``TransformerDecoderLayer`` prepared for decoding (inference only: no
     dropout, no gradients; weights copied once). Its query, key and value projections
     run as one linear layer with the query scaling folded in (exactly: only when the
@@ -278,11 +306,7 @@ class DecodingLayer:
             self.cross_out = linear_of(enc.out_proj, kernels)
             self.cross_norm = layer.encoder_attn_layer_norm
 
-        relu = layer.activation_fn is F.relu
-        self.fc1 = linear_of(layer.fc1, kernels, relu=relu)
-        self.activation = None if relu else layer.activation_fn
-        self.fc2 = linear_of(layer.fc2, kernels)
-        self.final_norm = layer.final_layer_norm
+        self.prepare_feed_forward(layer, kernels)
 
     @staticmethod
     def fold(scaling: float) -> Tuple[Optional[float], float]:
@@ -330,16 +354,7 @@ class DecodingLayer:
             if not self.normalize_before:
                 x = self.cross_norm(x)
 
-        residual = x
-        if self.normalize_before:
-            x = self.final_norm(x)
-        x = self.fc1(x)  # (B, T, F), ReLU included
-        if self.activation is not None:
-            x = self.activation(x)
-        x = residual + self.fc2(x)  # (B, T, C)
-        if not self.normalize_before:
-            x = self.final_norm(x)
-        return x
+        return self.feed_forward(x)
 
 
 class DecodingDecoder:
@@ -452,7 +467,7 @@ def fused_layers(layers: List[DecodingLayer]):
     return fused
 
 
-class EncodingLayer:
+class EncodingLayer(PreparedFeedForward):
     """One fairseq ``TransformerEncoderLayer`` prepared as ``DecodingLayer`` is (fused
     q/k/v projection, chosen kernels, ReLU fused into ``fc1``, an additive padding mask):
     the arithmetic of fairseq's layer in eval mode."""
@@ -467,11 +482,7 @@ class EncodingLayer:
         self.qkv, self.scaling = fused_qkv(attn, kernels)
         self.out = linear_of(attn.out_proj, kernels)
         self.self_norm = layer.self_attn_layer_norm
-        relu = layer.activation_fn is F.relu
-        self.fc1 = linear_of(layer.fc1, kernels, relu=relu)
-        self.activation = None if relu else layer.activation_fn
-        self.fc2 = linear_of(layer.fc2, kernels)
-        self.final_norm = layer.final_layer_norm
+        self.prepare_feed_forward(layer, kernels)
 
     def __call__(self, x: Tensor, padding_bias: Optional[Tensor]) -> Tensor:
         """x (B, S, C) -> (B, S, C); ``padding_bias`` (B, 1, 1, S) masks padded source
@@ -485,16 +496,7 @@ class EncodingLayer:
         x = residual + self.out(merge_heads(attend_biased(q, qkv[1], qkv[2], padding_bias)))
         if not self.normalize_before:
             x = self.self_norm(x)
-        residual = x
-        if self.normalize_before:
-            x = self.final_norm(x)
-        x = self.fc1(x)
-        if self.activation is not None:
-            x = self.activation(x)
-        x = residual + self.fc2(x)
-        if not self.normalize_before:
-            x = self.final_norm(x)
-        return x
+        return self.feed_forward(x)
 
 
 class DecodingEncoder:

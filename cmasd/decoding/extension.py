@@ -50,6 +50,8 @@ def load() -> Tuple[Optional[Any], Optional[str]]:
     try:
         from torch.utils import cpp_extension
 
+        logger.info(f"loading cmasd's C++ kernels ({os.path.basename(SOURCE)}; compiled on first use, about 25 s "
+                    "once per machine)")
         module = cpp_extension.load(**build_arguments())
     except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
         return None, f"building {os.path.basename(SOURCE)} failed: {type(e).__name__}: {str(e).strip()[-500:]}"

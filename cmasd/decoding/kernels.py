@@ -18,7 +18,7 @@ packed kernel. ``auto`` picks it where it builds.
 
 ``prepared_linear`` builds one inference-only linear layer (weights copied, no
 gradients) on a chosen kernel; ``cmasd.decoding.attention.DecodingDecoder`` builds every layer
-of a decoder with it. ``native`` and ``packed`` are the same float32 arithmetic in
+of a decoder with it. ``native``, ``packed`` and ``gemv`` are the same float32 arithmetic in
 other summation orders, as the block scorer's already is against fairseq's incremental
 decoder (different matrix shapes pick different kernels): scores agree to float
 tolerance, and lossless decoding is checked against ``fairseq-generate --beam 1`` token
