@@ -9,6 +9,7 @@ built or run (no compiler, another architecture, a CPU without AVX2/FMA) ``load`
 says why, and ``--spec-kernels auto`` falls back to the packed oneDNN kernel.
 """
 
+import contextlib
 import functools
 import logging
 import os
@@ -40,6 +41,36 @@ def build_arguments(verbose: bool = False) -> dict:
                 extra_ldflags=["-fopenmp"], verbose=verbose)
 
 
+@contextlib.contextmanager
+def packaged_ninja():
+    """PATH with the ninja of the ``ninja`` package (a dependency) first, while building:
+    torch runs whichever ``ninja`` PATH finds, and two ninja versions (a system one and
+    the package's, depending on whether the virtual environment's bin is on PATH) read
+    each other's build log as foreign and rebuild."""
+    try:
+        import ninja
+    except ImportError:
+        yield
+        return
+    old = os.environ.get("PATH")
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + (old or "")
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = old
+
+
+def compile_and_load(verbose: bool = False) -> Any:
+    """The extension module, compiled first if its build is missing or out of date."""
+    from torch.utils import cpp_extension
+
+    with packaged_ninja():
+        return cpp_extension.load(**build_arguments(verbose))
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> Tuple[Optional[Any], Optional[str]]:
     """``(the extension module, None)``, or ``(None, why it is unavailable)``; built once
@@ -48,11 +79,9 @@ def load() -> Tuple[Optional[Any], Optional[str]]:
     if obstacle:
         return None, obstacle
     try:
-        from torch.utils import cpp_extension
-
         logger.info(f"loading cmasd's C++ kernels ({os.path.basename(SOURCE)}; compiled on first use, about 25 s "
                     "once per machine)")
-        module = cpp_extension.load(**build_arguments())
+        module = compile_and_load()
     except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
         return None, f"building {os.path.basename(SOURCE)} failed: {type(e).__name__}: {str(e).strip()[-500:]}"
     return module, None
