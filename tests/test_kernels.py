@@ -149,3 +149,13 @@ def test_the_kernels_are_built_once_per_machine():
         log = proc.stdout + proc.stderr
         assert "ninja: no work to do" in log, log[-2000:]  # ninja found the build up to date
         assert "[1/" not in log, log[-2000:]  # and ran no compile or link step
+
+
+@needs_packing
+def test_without_the_compiled_kernels_auto_falls_back_to_packed(monkeypatch):
+    """No compiler (or another CPU): auto decodes on oneDNN's packed kernel and says why;
+    asking for gemv explicitly is refused with the reason."""
+    monkeypatch.setattr(extension, "load", lambda: (None, "no C++ compiler (simulated)"))
+    assert resolve_kernels("auto", torch.zeros(1)) == "packed"
+    with pytest.raises(ValueError, match="--spec-kernels gemv: the kernel is unavailable: no C"):
+        resolve_kernels("gemv", torch.zeros(1))

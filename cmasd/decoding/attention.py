@@ -467,15 +467,20 @@ def fused_layers(layers: List[DecodingLayer]):
     return fused
 
 
+def check_supported_encoder_layer(layer) -> None:
+    """Refuse encoder layers whose extra features ``EncodingLayer`` does not run."""
+    check_supported_layer(layer)
+    if getattr(layer, "return_fc", False):
+        raise ValueError("cmasd cannot encode with layers that return their feed-forward output (return_fc)")
+
+
 class EncodingLayer(PreparedFeedForward):
     """One fairseq ``TransformerEncoderLayer`` prepared as ``DecodingLayer`` is (fused
     q/k/v projection, chosen kernels, ReLU fused into ``fc1``, an additive padding mask):
     the arithmetic of fairseq's layer in eval mode."""
 
     def __init__(self, layer, kernels: str):
-        check_supported_layer(layer)
-        if getattr(layer, "return_fc", False):
-            raise ValueError("cmasd cannot encode with layers that return their feed-forward output (return_fc)")
+        check_supported_encoder_layer(layer)
         attn = layer.self_attn
         self.heads = attn.num_heads
         self.normalize_before = layer.normalize_before
@@ -517,10 +522,10 @@ class DecodingEncoder:
             return False
         try:
             for layer in encoder.layers:
-                check_supported_layer(layer)
+                check_supported_encoder_layer(layer)
         except ValueError:
             return False
-        return not any(getattr(layer, "return_fc", False) for layer in encoder.layers)
+        return True
 
     def __call__(self, net_input: dict) -> dict:
         """fairseq's ``encoder.forward_torchscript(net_input)`` in eval mode."""

@@ -75,19 +75,19 @@ def resolve_kernels(choice: str, like: Tensor) -> str:
         obstacle = "this torch build has no oneDNN packed linear"
     else:
         obstacle = None
-    if choice in ("gemv", "auto") and not obstacle:
+    if obstacle:
+        if choice in ("packed", "gemv"):
+            raise ValueError(f"--spec-kernels {choice}: runs float32 models on CPU with oneDNN only, but {obstacle} "
+                             "(use native)")
+        return "native" if choice == "auto" else choice
+    if choice in ("auto", "gemv"):
         gemv_obstacle = extension.load()[1]
-        if choice == "gemv" and gemv_obstacle:
+        if gemv_obstacle is None:
+            return "gemv"
+        if choice == "gemv":
             raise ValueError(f"--spec-kernels gemv: the kernel is unavailable: {gemv_obstacle} (use packed)")
-        if choice == "auto":
-            if gemv_obstacle:
-                warn_once(f"--spec-kernels auto: packed, not gemv: {gemv_obstacle}")
-            return "packed" if gemv_obstacle else "gemv"
-    if choice == "auto":
-        return "native"
-    if choice in ("packed", "gemv") and obstacle:
-        raise ValueError(f"--spec-kernels {choice}: runs float32 models on CPU with oneDNN only, but {obstacle} "
-                         "(use native)")
+        warn_once(f"--spec-kernels auto: packed, not gemv: {gemv_obstacle}")
+        return "packed"
     return choice
 
 

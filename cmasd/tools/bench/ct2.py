@@ -78,9 +78,9 @@ def cache_location(checkpoint: str, fallback_dir: str) -> str:
 def converter_checkpoint(checkpoint: str, scratch: str) -> str:
     """``checkpoint`` itself, or a copy in ``scratch`` with ``args: None`` where the
     checkpoint lacks the ``args`` key that CTranslate2's fairseq converter indexes."""
-    from cmasd.checkpoint import allow_fairseq_checkpoints
-
     import torch
+
+    from cmasd.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
