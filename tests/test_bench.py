@@ -10,6 +10,7 @@ import sys
 
 import matplotlib.colors
 import pytest
+import torch
 from conftest import BIN, run
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
@@ -288,9 +289,19 @@ def test_ct2_rows_skipped_without_ctranslate2(monkeypatch):
     from cmasd.tools.bench.cli import without_missing_engines
 
     monkeypatch.setattr(ct2, "ctranslate2_version", lambda: None)
-    kept, skipped = without_missing_engines(resolve_configs("greedy,ct2-greedy,loop-greedy"))
+    kept, skipped = without_missing_engines(resolve_configs("greedy,ct2-greedy,loop-greedy"), torch.device("cpu"))
     assert [c.name for c in kept] == ["greedy", "loop-greedy"]
     assert skipped == ["ct2-greedy: skipped, CTranslate2 is not installed (pip install -e '.[ct2]')"]
+
+
+def test_ct2_rows_skipped_when_decoding_on_a_gpu():
+    """The default configurations include ct2-greedy: on a GPU the run goes on without it."""
+    from cmasd.tools.bench.cli import without_missing_engines
+
+    kept, skipped = without_missing_engines(resolve_configs("greedy,ct2-greedy,ct2-greedy-int8"), torch.device("cuda"))
+    assert [c.name for c in kept] == ["greedy"]
+    assert skipped == [f"{name}: skipped, the CTranslate2 rows run on CPU only, the decoders here on cuda (add --cpu "
+                       "to measure them)" for name in ("ct2-greedy", "ct2-greedy-int8")]
 
 
 def test_ct2_cache_is_beside_the_checkpoint_unless_read_only(tmp_path):

@@ -24,6 +24,7 @@ from cmasd.tools.bench.loading import (
     Setup,
     build_batches,
     build_generator,
+    choose_device,
     config_record,
     drafter_paths,
     load_setup,
@@ -218,22 +219,26 @@ def report_record(args, bench: Bench, configs, global_overrides, rows, extra=Non
     return record
 
 
-def without_missing_engines(configs: Sequence[BenchConfig]) -> Tuple[List[BenchConfig], List[str]]:
-    """The configurations that can run here, and a message for each one skipped (the
-    ct2 rows where CTranslate2 is not installed)."""
+def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device) -> Tuple[List[BenchConfig], List[str]]:
+    """The configurations that can run here, and a message for each one skipped: the
+    ct2 rows where CTranslate2 is not installed, or where the decoders run on a GPU
+    (the rows measure CTranslate2 on CPU)."""
     from cmasd.tools.bench.ct2 import INSTALL_HINT, ctranslate2_version
 
-    if ctranslate2_version() is not None:
+    if device.type != "cpu":
+        reason = f"the CTranslate2 rows run on CPU only, the decoders here on {device} (add --cpu to measure them)"
+    elif ctranslate2_version() is None:
+        reason = f"CTranslate2 is not installed ({INSTALL_HINT})"
+    else:
         return list(configs), []
-    skipped = [f"{c.name}: skipped, CTranslate2 is not installed ({INSTALL_HINT})"
-               for c in configs if c.kind == CTRANSLATE2]
+    skipped = [f"{c.name}: skipped, {reason}" for c in configs if c.kind == CTRANSLATE2]
     for message in skipped:
         logger.warning(message)
     return [c for c in configs if c.kind != CTRANSLATE2], skipped
 
 
 def main(args) -> None:
-    configs, skipped = without_missing_engines(resolve_configs(args.configs))
+    configs, skipped = without_missing_engines(resolve_configs(args.configs), choose_device(args))
     batch_sizes = parse_batch_sizes(args.batch_sizes)
     global_overrides = parse_assignments(args.overrides)
     bench = prepare(args, configs)
