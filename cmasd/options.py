@@ -29,6 +29,7 @@ from cmasd.models.verifier import DrafterOfVerifier
 from cmasd.verification.acceptance import ACCEPTANCE_RULES, TAU_SCHEDULES
 from cmasd.verification.confidence import CONFIDENCES, DEFAULT_WEIGHTS, ConfidenceSpec
 from cmasd.verification.controllers import CONTROLLERS
+from cmasd.verification.sampling import Sampling
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +96,21 @@ class SpeculativeDecodingConfig(FairseqDataclass):
                   "runs them), auto (gemv where it builds, else packed on CPU where torch has it, else native). The "
                   "verifier's arithmetic stays float32"},
     )
-    spec_acceptance: ChoiceEnum(list(ACCEPTANCE_RULES)) = field(
-        default="exact",
-        metadata={"help": "exact: lossless, equals --beam 1; topk-gap: SpecDec's top-beta and tau; "
-                  "cmasd: top-beta and confidence-modulated tau"},
+    spec_acceptance: ChoiceEnum([AUTO] + list(ACCEPTANCE_RULES)) = field(
+        default=AUTO,
+        metadata={"help": "greedy: exact (lossless, equals --beam 1), topk-gap (SpecDec's top-beta and tau), cmasd "
+                  "(top-beta and confidence-modulated tau); with --sampling: rejection (speculative sampling, "
+                  "distributed as fairseq's --sampling); auto: exact, or rejection with --sampling"},
+    )
+    spec_lenience: float = field(
+        default=1.0,
+        metadata={"help": "rejection: lenience L in (0, 1], accept a draft x when u < p(x) / (L q(x)); 1 is exact, "
+                  "smaller accepts more and no longer samples from the verifier's distribution"},
+    )
+    ears_beta: float = field(
+        default=0.0,
+        metadata={"help": "rejection: EARS tolerance beta >= 0 (0: off; the paper uses 0.1): a rejected draft is "
+                  "still accepted when p(x) / (L q(x)) >= u - beta (1 - max p); not exact when > 0"},
     )
     spec_beta: int = field(default=3, metadata={"help": "topk-gap/cmasd: the draft must be in the verifier's top-beta"})
     spec_tau: float = field(default=1.0, metadata={"help": "topk-gap: largest log-probability gap to the verifier's top-1"})
@@ -134,13 +146,11 @@ def refuse_unsupported(gen_cfg) -> None:
     refusals = [
         (gen_cfg.beam != 1, f"--beam {gen_cfg.beam} (speculative decoding verifies greedy decoding: use --beam 1)"),
         (gen_cfg.nbest != 1, f"--nbest {gen_cfg.nbest}"),
-        (gen_cfg.sampling, "--sampling"),
         (gen_cfg.constraints is not None, "--constraints"),
         (gen_cfg.prefix_size > 0, "--prefix-size"),
         (gen_cfg.match_source_len, "--match-source-len"),
         (gen_cfg.no_repeat_ngram_size > 0, "--no-repeat-ngram-size"),
         (gen_cfg.diverse_beam_groups > 0 or gen_cfg.diversity_rate > 0, "diverse beam search"),
-        (gen_cfg.temperature != 1.0, f"--temperature {gen_cfg.temperature}"),
         (gen_cfg.lm_path is not None, "--lm-path"),
         (gen_cfg.retain_dropout, "--retain-dropout"),
     ]
@@ -203,12 +213,32 @@ def check_dictionary(model, dictionary) -> None:
         )
 
 
-def build_parts(cfg: SpeculativeDecodingConfig, limit: Optional[int]):
+def acceptance_rule(cfg: SpeculativeDecodingConfig, sampling: bool):
+    """The acceptance rule of ``--spec-acceptance`` (``auto``: exact, or rejection when
+    ``sampling``), refused where it does not verify what fairseq's options decode."""
+    name = cfg.spec_acceptance
+    if name == AUTO:
+        name = "rejection" if sampling else "exact"
+    rule = ACCEPTANCE_RULES[name].from_config(cfg)
+    if rule.samples and not sampling:
+        raise ValueError(f"--spec-acceptance {name}: verifies sampling; add --sampling (or choose a greedy rule: "
+                         f"{', '.join(n for n, r in ACCEPTANCE_RULES.items() if not r.samples)})")
+    if sampling and not rule.samples:
+        raise ValueError(f"--spec-acceptance {name}: verifies greedy decoding, not --sampling; use --spec-acceptance "
+                         f"{' or '.join(n for n, r in ACCEPTANCE_RULES.items() if r.samples)} (or auto)")
+    if not rule.samples:
+        for option, value, default in (("--spec-lenience", cfg.spec_lenience, 1.0), ("--ears-beta", cfg.ears_beta, 0.0)):
+            if value != default:
+                raise ValueError(f"{option}: applies to speculative sampling (--sampling), not to --spec-acceptance {name}")
+    return rule
+
+
+def build_parts(cfg: SpeculativeDecodingConfig, limit: Optional[int], sampling: bool = False):
     """The controller, acceptance rule and confidence score the options name, for a
-    drafter that drafts at most ``limit`` tokens per pass (None: no limit)."""
+    drafter that drafts at most ``limit`` tokens per pass (None: no limit), decoding
+    greedily or, with ``sampling``, sampling."""
     controller = CONTROLLERS[cfg.spec_controller].from_config(cfg, limit)
-    acceptance = ACCEPTANCE_RULES[cfg.spec_acceptance].from_config(cfg)
-    return controller, acceptance, ConfidenceSpec.from_config(cfg)
+    return controller, acceptance_rule(cfg, sampling), ConfidenceSpec.from_config(cfg)
 
 
 def build_drafter(model, kind: Optional[type], verifier, task, cfg: SpeculativeDecodingConfig, kernels: str,
@@ -240,6 +270,8 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         if n < 0:
             raise ValueError(f"{option}: must be >= 0 (0: off), got {n}")
     refuse_unsupported(gen_cfg)
+    Sampling(gen_cfg.temperature, gen_cfg.sampling_topk, gen_cfg.sampling_topp)  # checks the values even unused
+    sampling = Sampling.from_generation(gen_cfg)
     verifier, tgt_dict = models[0], task.target_dictionary
     kind = None
     if drafter_model is not None:
@@ -248,7 +280,9 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     elif cfg.drafter_kind != AUTO:
         raise ValueError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
     kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
-    controller, acceptance, confidence = build_parts(cfg, None if kind is None else kind.horizon_limit(drafter_model))
+    controller, acceptance, confidence = build_parts(
+        cfg, None if kind is None else kind.horizon_limit(drafter_model), sampling is not None
+    )
     drafter = build_drafter(drafter_model, kind, verifier, task, cfg, kernels, controller.horizon)
     max_positions = verifier.max_decoder_positions()
     if drafter_model is not None:
@@ -259,11 +293,12 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         min_len=gen_cfg.min_len,
         max_positions=max_positions,
         unk_penalty=gen_cfg.unkpen,
+        temperature=gen_cfg.temperature,
         len_penalty=gen_cfg.lenpen,
         normalize_scores=not gen_cfg.unnormalized,
     )
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
-                                     kernels=kernels, seed=seed)
+                                     kernels=kernels, seed=seed, sampling=sampling)
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.
         atexit.register(lambda: generator.stats.sentences and logger.info(generator.stats.format()))

@@ -86,7 +86,7 @@ def test_parts_get_only_what_they_declare():
 
     controller = Plain()
     gen, dictionary = generator(controller)
-    assert gen.request.confidence is None and not gen.request.logprobs and gen.random is None
+    assert gen.request.confidence is None and not gen.request.logprobs and not gen.random
     src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(1), bsz=2)
     gen.decode({"id": torch.tensor([0, 1]), "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
     assert all(c is None for c in controller.confidence)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from cmasd.drafters.base import Draft
 from cmasd.verification.acceptance import ACCEPTANCE_RULES
-from cmasd.verification.base import Proposal
+from cmasd.verification.base import Proposal, leading_accepted
+from cmasd.verification.sampling import RowRandom
 from cmasd.verification.controllers import CONTROLLERS
 
 PAD = 1
@@ -65,13 +66,17 @@ def greedy_prefix(lprobs, drafts, k):
     return torch.tensor(out)
 
 
+GREEDY_RULES = sorted(name for name, rule in ACCEPTANCE_RULES.items() if not rule.samples)
+SAMPLING_RULES = sorted(name for name, rule in ACCEPTANCE_RULES.items() if rule.samples)
+
+
 @settings(max_examples=150, deadline=None)
-@given(name=st.sampled_from(sorted(ACCEPTANCE_RULES)), cfg=options, case=iterations())
+@given(name=st.sampled_from(GREEDY_RULES), cfg=options, case=iterations())
 def test_acceptance_rules(name, cfg, case):
     lprobs, drafts, k, confidence = case
     rule = ACCEPTANCE_RULES[name].from_config(SimpleNamespace(**cfg))
     proposal = Proposal(drafts, k, confidence if rule.needs.confidence else None)
-    accepted, nxt = rule.accept(proposal, lprobs)
+    accepted, nxt, _ = rule.accept(proposal, lprobs)
     assert accepted.shape == nxt.shape == k.shape
     assert ((accepted >= 0) & (accepted <= k)).all()
     assert ((nxt >= 0) & (nxt < lprobs.size(-1)) & (nxt != PAD)).all()
@@ -80,6 +85,30 @@ def test_acceptance_rules(name, cfg, case):
         assert accepted.tolist() == greedy_prefix(lprobs, drafts, k).tolist()
         rows = torch.arange(k.numel())
         assert nxt.tolist() == lprobs[rows, accepted].argmax(dim=-1).tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(SAMPLING_RULES), lenience=st.floats(0.05, 1.0), beta=st.floats(0.0, 0.5),
+       case=iterations(), lookup=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_sampling_rules(name, lenience, beta, case, lookup, seed):
+    """Rules that sample: never accept more than sent; the next token has positive
+    verifier probability (never pad); a draft the verifier finds at least as likely as
+    the drafter did is always accepted; pardons only among the accepted."""
+    lprobs, drafts, k, _ = case
+    bsz, width, vocab = drafts.size(0), drafts.size(1), lprobs.size(-1)
+    gen = torch.Generator().manual_seed(seed)
+    logprobs = None if lookup else torch.log_softmax(torch.randn(bsz, width, vocab, generator=gen) * 2, dim=-1)
+    random = RowRandom(seed, torch.arange(bsz), torch.zeros(bsz, dtype=torch.long))
+    rule = ACCEPTANCE_RULES[name].from_config(SimpleNamespace(spec_lenience=lenience, ears_beta=beta))
+    accepted, nxt, pardoned = rule.accept(Proposal(drafts, k, None, logprobs, random), lprobs)
+    assert ((accepted >= 0) & (accepted <= k)).all()
+    rows = torch.arange(bsz)
+    assert (lprobs[rows, accepted, nxt] > -math.inf).all()
+    assert ((pardoned >= 0) & (pardoned <= accepted)).all()
+    p = lprobs[:, :width].gather(-1, drafts[..., None]).squeeze(-1).exp()  # (B, K)
+    q = torch.ones_like(p) if logprobs is None else logprobs.gather(-1, drafts[..., None]).squeeze(-1).exp()
+    sure = (p >= q) & (p > 0)  # (B, K): accepted whatever the uniform
+    assert (accepted >= leading_accepted(sure, k)).all()
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,15 +9,20 @@ verifier), so ``fairseq-generate`` prints and scores them as it does its own.
 
 The verifier side reproduces fairseq's ``SequenceGenerator`` with ``--beam 1``: the
 same maximum length (``max_len_a * src_len + max_len_b``, capped by the model), the
-same minimum length, pad never chosen, the unknown-word penalty, and the same score
-normalisation; with the ``exact`` acceptance rule the output equals its output.
+same minimum length, pad never chosen, the unknown-word penalty, the temperature and the
+same score normalisation; with the ``exact`` acceptance rule the output equals its
+output. With ``--sampling`` (``sampling``) the verifier's distribution is that of
+fairseq's sampling (top-k / top-p truncation too), the drafter draws from its own under
+the same options, and an acceptance rule that samples (``rejection``) keeps the output
+distributed as fairseq's sampling from the verifier. Every draw of a row uses uniforms
+seeded by ``seed`` and the row's sentence id (``cmasd.verification.sampling.RowRandom``).
 """
 
 import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, NamedTuple
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -27,6 +32,7 @@ from cmasd.decoding.cache import BlockScorer, VerifierCache
 from cmasd.decoding.stats import DecodeStats
 from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source
 from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
+from cmasd.verification.sampling import RowRandom, Sampling
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +42,7 @@ class DecodeState:
     """Everything one iteration reads and replaces, for the active rows."""
 
     rows: Tensor  # (B,) index of each active row in the original batch
+    ids: Tensor  # (B,) sentence id of each active row (seeds its randomness)
     tokens: Tensor  # (B, capacity) accepted tokens, BOS (eos) first, pad after
     scores: Tensor  # (B, capacity) verifier log-probability of each accepted token
     lengths: Tensor  # (B,) accepted tokens per row, BOS included
@@ -50,6 +57,7 @@ class DecodeState:
         return replace(
             self,
             rows=self.rows[keep],
+            ids=self.ids[keep],
             tokens=self.tokens[keep],
             scores=self.scores[keep],
             lengths=self.lengths[keep],
@@ -76,6 +84,7 @@ class LengthRules:
     min_len: int = 1
     max_positions: int = 1024  # of the verifier's decoder
     unk_penalty: float = 0.0
+    temperature: float = 1.0  # the verifier's logits are divided by it, as fairseq does
     len_penalty: float = 1.0
     normalize_scores: bool = True
 
@@ -115,8 +124,10 @@ class SpeculativeGenerator:
 
     def __init__(
         self, model, drafter: Drafter, tgt_dict, controller: Controller, acceptance: AcceptanceRule, confidence,
-        rules: LengthRules, kernels: str = "native", seed: int = 1,
+        rules: LengthRules, kernels: str = "native", seed: int = 1, sampling: Optional[Sampling] = None,
     ):
+        if acceptance.samples != (sampling is not None):
+            raise ValueError("an acceptance rule that samples needs sampling options, and sampling options need one")
         self.model = model
         self.drafter = drafter
         self.scorer = BlockScorer(model.decoder, kernels)
@@ -127,9 +138,11 @@ class SpeculativeGenerator:
         self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
         self.horizon = controller.horizon
         needs = controller.needs | acceptance.needs
-        self.request = DraftRequest(self.horizon, confidence if needs.confidence else None, needs.draft_logprobs)
-        device = next(model.parameters()).device
-        self.random = torch.Generator(device=device).manual_seed(seed) if needs.randomness else None
+        self.request = DraftRequest(self.horizon, confidence if needs.confidence else None, needs.draft_logprobs,
+                                    sampling)
+        self.sampling = sampling
+        self.random = needs.randomness or sampling is not None
+        self.seed = seed  # with the sentence ids, of every uniform (--seed)
         self.stats = DecodeStats()
 
     @torch.no_grad()
@@ -154,7 +167,8 @@ class SpeculativeGenerator:
         stats = DecodeStats(sentences=bsz)
         encoder_out = self.encode(net_input)
         source = Source(src_tokens, net_input["src_lengths"], encoder_out)
-        state = self.start(source, capacity, expected)
+        ids = sample["id"] if "id" in sample else torch.arange(bsz)
+        state = self.start(source, ids.to(src_tokens.device), capacity, expected)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         while state.rows.numel() > 0:
             state, done = self.step(state, max_len, stats)
@@ -184,13 +198,15 @@ class SpeculativeGenerator:
                 ", ".join(map(str, ids)),
             )
 
-    def start(self, source: Source, capacity: int, cache_capacity: int) -> DecodeState:
-        """Rows of at most ``capacity`` tokens; caches for ``cache_capacity`` positions."""
+    def start(self, source: Source, ids: Tensor, capacity: int, cache_capacity: int) -> DecodeState:
+        """Rows of sentences ``ids`` (B,), of at most ``capacity`` tokens; caches for
+        ``cache_capacity`` positions."""
         bsz, device = source.tokens.size(0), source.tokens.device
         tokens = torch.full((bsz, capacity), self.pad, dtype=torch.long, device=device)
         tokens[:, 0] = self.eos
         return DecodeState(
             rows=torch.arange(bsz, device=device),
+            ids=ids,
             tokens=tokens,
             scores=torch.zeros(bsz, capacity, device=device),
             lengths=torch.ones(bsz, dtype=torch.long, device=device),
@@ -214,7 +230,9 @@ class SpeculativeGenerator:
         """One draft/verify iteration of every active row. Returns the new state and
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
-        draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, self.request)
+        random = RowRandom(self.seed, state.ids, state.steps) if self.random else None
+        request = self.request if self.sampling is None else replace(self.request, random=random)
+        draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
         k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
@@ -226,18 +244,19 @@ class SpeculativeGenerator:
             k,
             None if draft.confidence is None else draft.confidence[:, :width],  # (B, W)
             None if draft.logprobs is None else draft.logprobs[:, :width],  # (B, W, V)
-            self.random,
+            random,
         )
         t1 = now(state.tokens)
 
         lprobs = self.verify(state, proposal, max_len)  # (B, W + 1, V)
         t2 = now(state.tokens)
-        accepted, next_token = self.acceptance.accept(proposal, lprobs)  # (B,), (B,)
+        verdict = self.acceptance.accept(proposal, lprobs)
+        accepted = verdict.accepted  # (B,)
         controller_state = self.controller.observe(state.controller, k, accepted)
-        state, gained, done = self.append(state, proposal, lprobs, accepted, next_token)
+        state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and self.horizon else None
-        stats.observe(k, accepted, gained, block_confidence, draft.served)
+        stats.observe(k, accepted, gained, block_confidence, draft.served, verdict.pardoned)
         t3 = now(state.tokens)
 
         stats.draft_seconds += t1 - t0
@@ -247,13 +266,16 @@ class SpeculativeGenerator:
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
         """Verifier log-probabilities after the last accepted token and each draft:
-        (B, width + 1, V), with fairseq's generation rules applied per position."""
+        (B, width + 1, V), with fairseq's generation rules applied per position (and with
+        sampling, its top-k / top-p truncation: the log weights fairseq samples from)."""
         bsz, width = proposal.tokens.shape
         last = state.tokens.gather(1, (state.lengths - 1)[:, None])  # (B, 1)
         offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
         logits = self.scorer.score(state.verifier, block, state.lengths - 1)  # (B, width + 1, V)
+        if self.rules.temperature != 1.0:
+            logits = logits.float() / self.rules.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)
 
         # fairseq's rules, each applied only where the host-side bounds of the lengths
@@ -270,6 +292,8 @@ class SpeculativeGenerator:
             lprobs = lprobs.masked_fill(forced_eos[..., None], -math.inf)
             lprobs[:, :, self.eos] = torch.where(forced_eos, eos_scores, lprobs[:, :, self.eos])
             lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(step < self.rules.min_len, -math.inf)
+        if self.sampling is not None:
+            lprobs = self.sampling.truncate(lprobs)
         return lprobs
 
     def append(self, state: DecodeState, proposal: Proposal, lprobs: Tensor, accepted: Tensor, next_token: Tensor):

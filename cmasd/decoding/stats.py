@@ -26,6 +26,7 @@ class DecodeStats:
     batch_iterations: int = 0  # forward passes of the verifier
     drafted: int = 0  # drafted tokens sent to the verifier
     accepted: int = 0  # drafted tokens accepted
+    pardoned: int = 0  # of them, those only a relaxed test accepted (EARS's pardons)
     rollbacks: int = 0  # row-iterations that rejected at least one drafted token
     confidence_sum: float = 0.0  # mean drafter confidence of the sent block, summed
     confidence_rows: int = 0  # row-iterations whose confidence was computed
@@ -38,27 +39,31 @@ class DecodeStats:
     position_accepted: List[int] = field(default_factory=list)
 
     def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor],
-                served: Optional[Mapping[str, Tensor]] = None) -> None:
+                served: Optional[Mapping[str, Tensor]] = None, pardoned: Optional[Tensor] = None) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
         and mean confidence of the drafted block (all (B,); the confidence None where
-        no part of the decoder needed it); ``served``: the rows each lookup drafted. A few
+        no part of the decoder needed it); ``served``: the rows each lookup drafted;
+        ``pardoned`` (B,): accepted drafts a relaxed test let through (None: none). A few
         host transfers per iteration, not a few per drafted position."""
         served = served or {}
         width = int(k.max()) if k.numel() else 0
         position = torch.arange(width, device=k.device)  # (W,)
         sent = (k[:, None] > position).sum(dim=0)  # (W,) rows that sent a draft at each position
         kept = (accepted[:, None] > position).sum(dim=0)  # (W,) rows that accepted it
+        pardons = accepted.new_zeros(()) if pardoned is None else pardoned.sum()
         counts = torch.stack(
-            [gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum()] + [rows.sum() for rows in served.values()]
-        )  # (4 + lookups,)
+            [gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum(), pardons]
+            + [rows.sum() for rows in served.values()]
+        )  # (5 + lookups,)
         counts, sent, kept, ks = (t.tolist() for t in (counts, sent, kept, k))
-        self.lookup_rows.update(dict(zip(served, counts[4:])))
+        self.lookup_rows.update(dict(zip(served, counts[5:])))
         self.iterations += len(ks)
         self.batch_iterations += 1
         self.tokens += counts[0]
         self.drafted += counts[1]
         self.accepted += counts[2]
         self.rollbacks += counts[3]
+        self.pardoned += counts[4]
         if confidence is not None:
             self.confidence_sum += float(confidence.sum())
             self.confidence_rows += confidence.numel()
@@ -93,6 +98,7 @@ class DecodeStats:
             "verifier_passes": self.batch_iterations,
             "mean_accepted_tokens": self.tokens / its,
             "acceptance_rate": self.accepted / max(self.drafted, 1),
+            "pardon_rate": self.pardoned / max(self.drafted, 1),
             "rollback_rate": self.rollbacks / its,
             "mean_k": self.drafted / its,
             "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
@@ -118,7 +124,7 @@ class DecodeStats:
             f"speculative decoding: {s['sentences']} sentences, {s['tokens']} tokens, "
             f"{s['iterations']} row-iterations ({s['verifier_passes']} verifier passes), "
             f"mean accepted tokens/iteration {s['mean_accepted_tokens']:.3f}, "
-            f"draft acceptance {100 * s['acceptance_rate']:.1f}%, "
+            f"draft acceptance {100 * s['acceptance_rate']:.1f}% (pardoned {100 * s['pardon_rate']:.1f}%), "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
             f"mean confidence {mean_confidence}, {lookups}, "
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "

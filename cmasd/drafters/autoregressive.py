@@ -4,8 +4,8 @@ arXiv:2302.01318), GammaTune and EARS, and of Hugging Face's assisted generation
 
 Any fairseq Transformer (``TransformerModelBase``: ``--arch transformer`` and its
 variants, or cmasd's ``ar_drafter``, ``cmasd.models.ar_drafter``) with the verifier's
-dictionary drafts ``horizon`` tokens one at a time, each the argmax of its distribution
-given the accepted prefix and the drafts before it. Its decoder runs as the verifier's
+dictionary drafts ``horizon`` tokens one at a time, each the argmax of its distribution (with
+``--sampling``, a draw from it) given the accepted prefix and the drafts before it. Its decoder runs as the verifier's
 does (``cmasd.decoding.cache.BlockScorer``: prepared layers, a key/value cache indexed by
 position), and its cache rolls back by length as the verifier's: a draft call first
 feeds the tokens accepted since the last call (several rows at once, ragged), then one
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
-from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
+from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, choose, model_draft
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class AutoregressiveDrafter(ModelDrafter):
         self.model = model
         self.scorer = BlockScorer(model.decoder, kernels)
         self.shares_encoder = shares_encoder
+        self.padding_idx = model.decoder.padding_idx
         self.encode = None if shares_encoder else encoder_of(model.encoder, kernels)
 
     @staticmethod
@@ -96,11 +97,16 @@ class AutoregressiveDrafter(ModelDrafter):
         index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
         logits = self.scorer.score(state.cache, tokens.gather(1, index), start)  # (B, fed, V)
         last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V)
-        steps, drafted = [], []
+        uniforms = request.uniforms()  # (B, H) or None
+        steps, drafted, dists = [], [], []
         for i in range(request.horizon):
-            steps.append(last)
-            drafted.append(last.argmax(dim=-1))  # (B,)
+            token, dist = choose(last, request, self.padding_idx, None if uniforms is None else uniforms[:, i])
+            steps.append(last)  # (B, V)
+            drafted.append(token)  # (B,)
+            dists.append(dist)  # (B, V) or None
             if i + 1 < request.horizon:
-                last = self.scorer.score(state.cache, drafted[-1][:, None], lengths + i)[:, 0]  # (B, V)
-        draft = model_draft(torch.stack(steps, dim=1), request, torch.stack(drafted, dim=1))  # (B, H, V), (B, H)
+                last = self.scorer.score(state.cache, token[:, None], lengths + i)[:, 0]  # (B, V)
+        logprobs = None if dists[0] is None else torch.stack(dists, dim=1)  # (B, H, V)
+        draft = model_draft(torch.stack(steps, dim=1), request, self.padding_idx,
+                            (torch.stack(drafted, dim=1), logprobs))  # (B, H, V), (B, H)
         return draft, replace(state, cached=lengths)

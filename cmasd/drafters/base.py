@@ -15,9 +15,10 @@ A drafter
 * drafts with ``draft(state, tokens, lengths, request)``, returning a ``Draft`` and its
   new state. A drafter never sees what the verifier accepted except through the next
   call's ``tokens`` and ``lengths``: a cache past a row's length is stale, and rolling
-  back is forgetting it (a length). The drafter chooses its tokens itself (the argmax of
-  its distribution here; the draw, for sampling), so that the distribution it returns
-  is always the one its tokens came from.
+  back is forgetting it (a length). The drafter chooses its tokens itself: the argmax
+  of its distribution, or with ``request.sampling`` a draw from its distribution under
+  fairseq's sampling options, at the uniforms of ``request.random``. The distribution
+  it returns is always the one its tokens came from (``choose``).
 
 A ``Draft`` holds the drafted tokens (B, H), how many leading ones each row may send
 (``valid``; None: all H), and, when ``request`` asks for them, the log-probabilities the
@@ -38,6 +39,8 @@ from typing import Callable, Dict, Mapping, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.verification.sampling import DRAFT, RowRandom, Sampling, draw
+
 
 @dataclass(frozen=True)
 class Source:
@@ -56,6 +59,12 @@ class DraftRequest:
     horizon: int
     confidence: Optional[Callable[[Tensor], Tensor]] = None  # drafter logits (..., V) -> confidence (...)
     logprobs: bool = False
+    sampling: Optional[Sampling] = None  # draw the tokens under these options (None: argmax)
+    random: Optional[RowRandom] = None  # this iteration's uniforms (set with ``sampling``)
+
+    def uniforms(self) -> Optional[Tensor]:
+        """The uniforms of the draws of this draft, (B, horizon); None without sampling."""
+        return None if self.sampling is None else self.random.uniform(DRAFT, self.horizon)
 
 
 @dataclass(frozen=True)
@@ -135,13 +144,24 @@ class ModelDrafter(Drafter):
         ``horizon`` tokens per pass."""
 
 
-def model_draft(logits: Tensor, request: DraftRequest, tokens: Optional[Tensor] = None) -> Draft:
-    """The draft of a model drafter from its logits (B, H, V): their argmax (or ``tokens``
-    (B, H), the argmax already taken), and the log-probabilities and confidence the
-    request asks for."""
-    if tokens is None:
-        tokens = logits.argmax(dim=-1)  # (B, H)
-    logprobs = torch.log_softmax(logits.float(), dim=-1) if request.logprobs else None  # (B, H, V)
+def choose(logits: Tensor, request: DraftRequest, pad: int, uniforms: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """A model drafter's tokens (...,) from its logits (..., V), and the log-probabilities
+    (..., V) they were chosen from where a part needs them (else None): the argmax of
+    log-softmax(logits), or with ``request.sampling`` a draw at ``uniforms`` (...,) from
+    the sampling transform of the logits (temperature, pad never drawn, top-k / top-p)."""
+    if request.sampling is None:
+        tokens = logits.argmax(dim=-1)  # (...,)
+        return tokens, torch.log_softmax(logits.float(), dim=-1) if request.logprobs else None
+    logprobs = request.sampling.drafter_logprobs(logits, pad)  # (..., V)
+    return draw(logprobs, uniforms), logprobs
+
+
+def model_draft(logits: Tensor, request: DraftRequest, pad: int,
+                chosen: Optional[Tuple[Tensor, Optional[Tensor]]] = None) -> Draft:
+    """The draft of a model drafter from its logits (B, H, V): its tokens and their
+    distribution as ``choose`` picks them (or ``chosen``, picked already, position by
+    position), and the confidence the request asks for."""
+    tokens, logprobs = choose(logits, request, pad, request.uniforms()) if chosen is None else chosen
     confidence = request.confidence(logits) if request.confidence is not None else None  # (B, H)
     return Draft(tokens, None, logprobs, confidence)
 

@@ -110,7 +110,7 @@ class SpecDrafter(ModelDrafter):
 
     def draft(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, SpecDrafterCache]:
         logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block)  # (B, H, V)
-        return model_draft(logits, request), state
+        return model_draft(logits, request, self.padding_idx), state
 
     @torch.no_grad()
     def start_cache(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> SpecDrafterCache:

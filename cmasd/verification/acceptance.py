@@ -8,6 +8,9 @@
 * ``cmasd``: CM-ASD's confidence-modulated threshold (Waghela et al.,
   "Confidence-Modulated Speculative Decoding for Large Language Models",
   arXiv:2508.15371, Sec. III-B(c)).
+
+These verify greedy decoding. With ``--sampling`` the rule is ``rejection``
+(``cmasd.verification.rejection``: speculative sampling, lenience, EARS).
 """
 
 from typing import Dict, Tuple
@@ -15,14 +18,8 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor
 
-from cmasd.verification.base import AcceptanceRule, Needs, Proposal
-
-
-def leading_accepted(ok: Tensor, k: Tensor) -> Tensor:
-    """Length of the all-True prefix of ``ok`` (B, K), capped at ``k`` (B,)."""
-    positions = torch.arange(ok.size(1), device=ok.device)  # (K,)
-    ok = ok & (positions[None, :] < k[:, None])  # (B, K)
-    return ok.long().cumprod(dim=1).sum(dim=1)  # (B,)
+from cmasd.verification.base import AcceptanceRule, Needs, Proposal, Verdict, leading_accepted
+from cmasd.verification.rejection import SAMPLING_RULES
 
 
 def next_token(verifier_lprobs: Tensor, accepted: Tensor) -> Tensor:
@@ -56,10 +53,10 @@ class Exact(AcceptanceRule):
     def from_config(cls, cfg) -> "Exact":
         return cls()
 
-    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Verdict:
         top1 = verifier_lprobs.argmax(dim=-1)  # (B, K+1): every position's top-1, the next token's included
         accepted = leading_accepted(top1[:, : proposal.tokens.size(1)] == proposal.tokens, proposal.k)  # (B,)
-        return accepted, top1.gather(1, accepted[:, None]).squeeze(1)
+        return Verdict(accepted, top1.gather(1, accepted[:, None]).squeeze(1))
 
 
 class TopKGap(AcceptanceRule):
@@ -76,10 +73,10 @@ class TopKGap(AcceptanceRule):
     def from_config(cls, cfg) -> "TopKGap":
         return cls(cfg.spec_beta, cfg.spec_tau)
 
-    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Verdict:
         in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)  # (B, K) each
         accepted = leading_accepted(in_top & (gap <= self.tau), proposal.k)  # (B,)
-        return accepted, next_token(verifier_lprobs, accepted)
+        return Verdict(accepted, next_token(verifier_lprobs, accepted))
 
 
 TAU_SCHEDULES = ("paper", "confidence")
@@ -120,15 +117,16 @@ class ConfidenceModulated(AcceptanceRule):
     def from_config(cls, cfg) -> "ConfidenceModulated":
         return cls(cfg.spec_beta, cfg.cmasd_tau_base, cfg.cmasd_gamma, cfg.cmasd_tau_schedule)
 
-    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Verdict:
         in_top, gap = gap_to_top1(proposal.tokens, verifier_lprobs, self.beta)  # (B, K) each
         tau = adaptive_tau(proposal.confidence, self.tau_base, self.gamma, self.schedule)  # (B, K)
         accepted = leading_accepted(in_top & (gap <= tau), proposal.k)  # (B,)
-        return accepted, next_token(verifier_lprobs, accepted)
+        return Verdict(accepted, next_token(verifier_lprobs, accepted))
 
 
 ACCEPTANCE_RULES: Dict[str, type] = {
     "exact": Exact,
     "topk-gap": TopKGap,
     "cmasd": ConfidenceModulated,
+    **SAMPLING_RULES,  # with --sampling: "rejection" (cmasd.verification.rejection)
 }

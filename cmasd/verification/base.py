@@ -16,12 +16,13 @@ class), found by name in its registry (``ACCEPTANCE_RULES``, ``CONTROLLERS``).
 
 import abc
 from dataclasses import dataclass, fields, replace
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
+from cmasd.verification.sampling import RowRandom
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Needs:
 
     confidence: bool = False  # the drafter's confidence in each drafted token (Draft.confidence)
     draft_logprobs: bool = False  # the distribution each drafted token was chosen from (Draft.logprobs)
-    randomness: bool = False  # a random generator (Proposal.generator)
+    randomness: bool = False  # uniforms (Proposal.random)
 
     def __or__(self, other: "Needs") -> "Needs":
         return Needs(*(getattr(self, f.name) or getattr(other, f.name) for f in fields(self)))
@@ -45,7 +46,22 @@ class Proposal:
     k: Tensor  # (B,) how many of them each row sends (<= K)
     confidence: Optional[Tensor] = None  # (B, K) drafter confidence; None unless a part needs it
     logprobs: Optional[Tensor] = None  # (B, K, V) drafter log-probabilities; None unless needed or a lookup drafted
-    generator: Optional[torch.Generator] = None  # randomness, for the parts that declare it
+    random: Optional[RowRandom] = None  # this iteration's uniforms, for the parts that declare randomness
+
+
+class Verdict(NamedTuple):
+    """What an acceptance rule decides for every row."""
+
+    accepted: Tensor  # (B,) leading drafted tokens accepted (<= Proposal.k)
+    next_token: Tensor  # (B,) the verifier's token after them: correction or bonus
+    pardoned: Optional[Tensor] = None  # (B,) of the accepted, those only a relaxed test let through (EARS)
+
+
+def leading_accepted(ok: Tensor, k: Tensor) -> Tensor:
+    """Length of the all-True prefix of ``ok`` (B, K), capped at ``k`` (B,)."""
+    positions = torch.arange(ok.size(1), device=ok.device)  # (K,)
+    ok = ok & (positions[None, :] < k[:, None])  # (B, K)
+    return ok.long().cumprod(dim=1).sum(dim=1)  # (B,)
 
 
 @dataclass(frozen=True)
@@ -67,16 +83,22 @@ NO_ROW_STATE = RowState()
 class AcceptanceRule(abc.ABC):
     """Which drafted tokens the verifier accepts.
 
-    ``accept(proposal, verifier_lprobs)`` returns, for every row, how many leading
-    drafted tokens are accepted (at most ``proposal.k``) and the verifier's next token:
-    its correction at the first rejection, or the bonus token after a fully accepted
-    block. ``verifier_lprobs`` (B, K+1, V) are the verifier's log-probabilities after
-    fairseq's own adjustments (pad never chosen, length constraints); position ``i``
-    scores the token that follows the last accepted token and the first ``i`` drafts.
+    ``accept(proposal, verifier_lprobs)`` returns a ``Verdict``: for every row, how many
+    leading drafted tokens are accepted (at most ``proposal.k``) and the verifier's next
+    token: its correction at the first rejection, or the bonus token after a fully
+    accepted block. ``verifier_lprobs`` (B, K+1, V) are the verifier's log-probabilities
+    after fairseq's own adjustments (pad never chosen, length constraints, and with
+    ``--sampling`` its temperature and top-k / top-p truncation: unnormalised log weights
+    then); position ``i`` scores the token that follows the last accepted token and the
+    first ``i`` drafts.
+
+    A rule either verifies greedy decoding (``samples`` False: its next token is the
+    verifier's top-1) or sampling (``samples`` True: it draws, and needs ``--sampling``).
     """
 
     needs: Needs = Needs()
     lossless: bool = False  # the output equals the verifier's greedy output, whatever was drafted
+    samples: bool = False  # verifies sampling (--sampling) rather than greedy decoding
 
     @classmethod
     @abc.abstractmethod
@@ -84,8 +106,8 @@ class AcceptanceRule(abc.ABC):
         """The rule the fairseq options ``cfg`` (``cmasd.options.SpeculativeDecodingConfig``) describe."""
 
     @abc.abstractmethod
-    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Tuple[Tensor, Tensor]:
-        """(accepted (B,), next_token (B,))."""
+    def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Verdict:
+        """The verdict of every row."""
 
 
 class Controller(abc.ABC):
