@@ -23,9 +23,9 @@ LOSSLESS = ["specdec-k10-exact", "specdec-k5-exact", "specdec-k5-exact-history",
             "loop-greedy-native", "ar-g2-exact", "ar-g4-exact-source", "history-k8-exact", "source-k8-exact"]
 BATCH_SIZES = [1, 4]
 SPECULATIVE_STATS = [
-    "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration"
+    "rollback_rate", "acceptance_rate", "pardon_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration"
 ]
-QUALITY = ["bleu", "bleu_vs_greedy", "exact_match_vs_greedy"]
+QUALITY = ["bleu", "quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]
 
 
 def not_applicable(row):

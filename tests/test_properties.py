@@ -98,7 +98,7 @@ def test_sampling_rules(name, lenience, beta, case, lookup, seed):
     bsz, width, vocab = drafts.size(0), drafts.size(1), lprobs.size(-1)
     gen = torch.Generator().manual_seed(seed)
     logprobs = None if lookup else torch.log_softmax(torch.randn(bsz, width, vocab, generator=gen) * 2, dim=-1)
-    random = RowRandom(seed, torch.arange(bsz), torch.zeros(bsz, dtype=torch.long))
+    random = RowRandom.of(seed, torch.arange(bsz), torch.zeros(bsz, dtype=torch.long), width + 1)
     rule = ACCEPTANCE_RULES[name].from_config(SimpleNamespace(spec_lenience=lenience, ears_beta=beta))
     accepted, nxt, pardoned = rule.accept(Proposal(drafts, k, None, logprobs, random), lprobs)
     assert ((accepted >= 0) & (accepted <= k)).all()

@@ -82,7 +82,7 @@ def speculate(chain: Chain, sampling: Sampling, width: int, rule, start: int = 1
     """One iteration for ``rows`` independent rows after the token ``start``: the
     drafter draws ``width`` tokens (or a lookup proposes fixed tokens), the rule decides.
     Returns the emitted tokens per row as a list of (previous token, emitted) columns."""
-    random = RowRandom(seed, torch.arange(rows), torch.zeros(rows, dtype=torch.long))
+    random = RowRandom.of(seed, torch.arange(rows), torch.zeros(rows, dtype=torch.long), max(width, 1))
     request = DraftRequest(width, logprobs=True, sampling=sampling, random=random)
     uniforms = request.uniforms()  # (N, K)
     before = torch.full((rows,), start)
@@ -172,9 +172,8 @@ def test_the_fit_detects_shared_randomness(monkeypatch):
     """The fit has power: the same uniform for the acceptance test and the correction
     draw (every stream the same numbers) fails it where most drafts are rejected."""
     real = RowRandom.uniform
-    shared = 99
     monkeypatch.setattr(RowRandom, "uniform",
-                        lambda self, stream, width: real(self, shared if stream in (ACCEPT, RESAMPLE) else stream, width))
+                        lambda self, stream, width: real(self, ACCEPT if stream == RESAMPLE else stream, width))
     chain = make_chain(1, seed=12, adversarial=True)
     sampling = Sampling(1.0)
     drafts, verdict, previous = speculate(chain, sampling, 1, SpeculativeSampling())
@@ -182,7 +181,7 @@ def test_the_fit_detects_shared_randomness(monkeypatch):
 
 
 def test_uniforms_are_uniform_and_streams_independent():
-    random = RowRandom(3, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long))
+    random = RowRandom.of(3, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long), 2)
     a, b = random.uniform(DRAFT, 2), random.uniform(RESAMPLE, 2)  # (N, 2) each
     assert 0 < float(a.min()) and float(a.max()) < 1
     for column in (a[:, 0], a[:, 1], b[:, 0]):
@@ -192,20 +191,22 @@ def test_uniforms_are_uniform_and_streams_independent():
     cells = (a[:, 0] * 10).long() * 10 + (b[:, 0] * 10).long()
     stat, df = chi_square(torch.bincount(cells, minlength=100), torch.full((100,), 1 / 100))
     assert stat < threshold(df)
-    assert torch.equal(a, RowRandom(3, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long)).uniform(DRAFT, 2))
-    assert not torch.equal(a, RowRandom(4, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long)).uniform(DRAFT, 2))
+    assert torch.equal(a, RowRandom.of(3, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long), 2).uniform(DRAFT, 2))
+    assert not torch.equal(a, RowRandom.of(4, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long), 2).uniform(DRAFT, 2))
+    later = RowRandom.of(3, torch.arange(ROWS), torch.ones(ROWS, dtype=torch.long), 2).uniform(DRAFT, 2)
+    assert float((later == a).float().mean()) < 1e-3  # the next iteration draws anew
 
 
 def test_a_rows_uniforms_do_not_depend_on_its_batch():
     ids, steps = torch.tensor([5, 9, 2]), torch.tensor([0, 3, 1])
-    together = RowRandom(1, ids, steps).uniform(DRAFT, 4)
-    alone = torch.cat([RowRandom(1, ids[i:i + 1], steps[i:i + 1]).uniform(DRAFT, 4) for i in range(3)])
+    together = RowRandom.of(1, ids, steps, 4).uniform(DRAFT, 4)
+    alone = torch.cat([RowRandom.of(1, ids[i:i + 1], steps[i:i + 1], 4).uniform(DRAFT, 4) for i in range(3)])
     assert torch.equal(together, alone)
 
 
 def test_draw_follows_its_distribution():
     lprobs = torch.log(torch.tensor([0.0, 0.5, 0.2, 0.3, 0.0]))
-    u = RowRandom(2, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long)).uniform(DRAFT, 1)[:, 0]
+    u = RowRandom.of(2, torch.arange(ROWS), torch.zeros(ROWS, dtype=torch.long), 1).uniform(DRAFT, 1)[:, 0]
     tokens = draw(lprobs.expand(ROWS, -1), u)
     stat, df = chi_square(torch.bincount(tokens, minlength=5), lprobs.exp())
     assert stat < threshold(df)
@@ -225,7 +226,7 @@ def plain_rejection_sampling(p: torch.Tensor, q: torch.Tensor, tokens, u_accept,
 def test_lenience_1_and_beta_0_are_plain_rejection_sampling_draw_for_draw():
     chain, sampling, rows = make_chain(3, seed=21), Sampling(0.8), 300
     drafts, verdict, previous = speculate(chain, sampling, 3, SpeculativeSampling(1.0, 0.0), rows=rows)
-    random = RowRandom(7, torch.arange(rows), torch.zeros(rows, dtype=torch.long))
+    random = RowRandom.of(7, torch.arange(rows), torch.zeros(rows, dtype=torch.long), 3)
     u_accept, u_resample = random.uniform(ACCEPT, 3), random.uniform(RESAMPLE, 1)[:, 0]
     p = torch.softmax(verifier_distribution(chain, sampling, previous), dim=-1)  # (N, K+1, V)
     q = torch.softmax(sampling.drafter_logprobs(chain.drafter[torch.arange(3)[None, :], torch.ones(rows, 3).long()],

@@ -230,7 +230,7 @@ class SpeculativeGenerator:
         """One draft/verify iteration of every active row. Returns the new state and
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
-        random = RowRandom(self.seed, state.ids, state.steps) if self.random else None
+        random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
         request = self.request if self.sampling is None else replace(self.request, random=random)
         draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.

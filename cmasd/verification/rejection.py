@@ -9,11 +9,11 @@ and EARS (the contract: ``cmasd.verification.base.AcceptanceRule``).
   block from p. The output then follows p exactly, whatever q is. A lookup's draft has a
   point-mass q (``Proposal.logprobs`` None): it is accepted with probability p(x), and
   on rejection the token is drawn from p without x.
-* Lenience L in (0, 1] (Leviathan et al., Appendix A.5): accept when
+* Lenience L in (0, 1] (the appendix of Leviathan et al.; seed 001): accept when
   u_i < p_i(x_i) / (L q_i(x_i)). L = 1 is exact; smaller accepts more and no longer
   follows p.
 * EARS (Sun et al., "EARS: Efficient Adaptive Rejection Sampling for Accelerating
-  Speculative Decoding in Large Language Models", Sec. 3.2): with tolerance_i =
+  Speculative Decoding in Large Language Models", arXiv:2512.13194, Sec. 3.2): with tolerance_i =
   beta (1 - max p_i), a draft failing the test above is still accepted ("pardoned") when
   R_i >= max(u_i - tolerance_i, 0). beta = 0 is off.
 
@@ -57,8 +57,9 @@ class SpeculativeSampling(AcceptanceRule):
         tokens, k = proposal.tokens, proposal.k  # (B, K), (B,)
         bsz, width = tokens.shape
         rows = torch.arange(bsz, device=tokens.device)
-        p = torch.softmax(verifier_lprobs.float(), dim=-1)  # (B, K+1, V)
-        p_draft = p[:, :width].gather(-1, tokens[..., None]).squeeze(-1)  # (B, K)
+        lprobs = verifier_lprobs.float()  # (B, K+1, V) unnormalised log weights
+        log_total = torch.logsumexp(lprobs, dim=-1)  # (B, K+1)
+        p_draft = (lprobs[:, :width].gather(-1, tokens[..., None]).squeeze(-1) - log_total[:, :width]).exp()  # (B, K)
         if proposal.logprobs is None:  # a lookup: the point mass it drafted
             q_draft = torch.ones_like(p_draft)  # (B, K)
         else:
@@ -68,14 +69,15 @@ class SpeculativeSampling(AcceptanceRule):
         primary = ratio >= u  # (B, K)
         ok = primary
         if self.ears_beta:
-            tolerance = self.ears_beta * (1.0 - p[:, :width].max(dim=-1).values.double())  # (B, K)
+            p_max = (lprobs[:, :width].max(dim=-1).values - log_total[:, :width]).exp()  # (B, K)
+            tolerance = self.ears_beta * (1.0 - p_max.double())  # (B, K)
             ok = primary | (ratio >= (u - tolerance).clamp(min=0.0))
         accepted = leading_accepted(ok, k)  # (B,)
         positions = torch.arange(width, device=tokens.device)  # (K,)
         pardoned = (~primary & (positions[None, :] < accepted[:, None])).sum(dim=1)  # (B,)
 
         # the verifier's token at position ``accepted``: correction or bonus
-        p_next = p[rows, accepted]  # (B, V)
+        p_next = (lprobs[rows, accepted] - log_total[rows, accepted, None]).exp()  # (B, V)
         rejected = accepted < k  # (B,)
         if width:
             at = accepted.clamp(max=width - 1)  # (B,)

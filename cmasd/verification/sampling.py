@@ -15,14 +15,16 @@
 * ``draw`` samples by inverting the cumulative distribution at a uniform.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-# the purposes a uniform serves (the stream it comes from)
-DRAFT, ACCEPT, RESAMPLE = 1, 2, 3
+# the purposes a uniform serves: the streams of a ``RowRandom`` table
+DRAFT, ACCEPT, RESAMPLE = 0, 1, 2
+STREAMS = 3
 
 MASK32 = 0xFFFFFFFF
 
@@ -42,43 +44,49 @@ def hash32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def combine(h: Tensor, value: Tensor) -> Tensor:
-    """The hash of ``h`` followed by ``value`` (both int64 tensors, broadcast)."""
-    return hash32(h ^ hash32((value + 0x9E3779B9) & MASK32))
+@functools.lru_cache(maxsize=16)
+def cell_keys(width: int, device: torch.device) -> Tensor:
+    """(STREAMS, width) hashed keys of each (stream, position) cell."""
+    cells = torch.arange(STREAMS, device=device)[:, None] * 4096 + torch.arange(width, device=device)[None, :]
+    return hash32((cells + 0x9E3779B9) & MASK32)
 
 
 @dataclass(frozen=True)
 class RowRandom:
-    """The uniforms of one iteration of the rows of a batch, from (seed, ``ids`` (B,),
-    ``steps`` (B,)): each row's sentence id and how many iterations it has run."""
+    """The uniforms of one iteration of the rows of a batch: ``table`` (B, STREAMS, W)
+    float64 in (0, 1), 53 random bits each, a hash of (seed, the row's sentence id, the
+    row's iteration, stream, position). Row b's uniforms depend on nothing else."""
 
-    seed: int
-    ids: Tensor  # (B,) long
-    steps: Tensor  # (B,) long
+    table: Tensor  # (B, STREAMS, W)
 
-    def uniform(self, stream: int, width: int) -> Tensor:
-        """(B, width) float64 uniforms in (0, 1), 53 random bits each: column j is the
-        uniform of position j of this iteration's block in ``stream``."""
-        device = self.ids.device
-        key = torch.full_like(self.ids, self.seed & MASK32)
-        key = combine(combine(combine(key, self.ids & MASK32), self.steps & MASK32), torch.full_like(key, stream))
-        key = combine(key[:, None], torch.arange(width, device=device)[None, :])  # (B, width)
+    @classmethod
+    def of(cls, seed: int, ids: Tensor, steps: Tensor, width: int) -> "RowRandom":
+        """The uniforms of rows of sentences ``ids`` (B,) at their iteration ``steps``
+        (B,), for blocks of up to ``width`` positions."""
+        row = hash32((ids & MASK32) ^ hash32(torch.full_like(ids, seed & MASK32)))  # (B,)
+        row = hash32(row ^ hash32(steps & MASK32))  # (B,)
+        key = hash32(row[:, None, None] ^ cell_keys(width, ids.device)[None])  # (B, STREAMS, W)
         high = hash32(key ^ 0x5BD1E995) >> 6  # 26 bits
         low = hash32(key ^ 0x1B873593) >> 5  # 27 bits
-        whole = (high << 27) | low  # (B, width) in [0, 2**53)
-        return (whole.double() + 0.5) / float(1 << 53)
+        return cls(((high << 27) | low).double().add_(0.5).div_(float(1 << 53)))
+
+    def uniform(self, stream: int, width: int) -> Tensor:
+        """(B, width): the uniforms of positions 0 .. width-1 in ``stream``."""
+        if width > self.table.size(2):
+            raise ValueError(f"{width} uniforms asked of a table of {self.table.size(2)}")
+        return self.table[:, stream, :width]
 
 
 def draw(logprobs: Tensor, uniforms: Tensor) -> Tensor:
     """A token (...,) from each distribution ``logprobs`` (..., V) (unnormalised log
     weights; -inf: never) at ``uniforms`` (...,) in (0, 1): the first token whose
-    cumulative probability exceeds u times the total."""
-    cdf = logprobs.double().exp().cumsum(dim=-1)  # (..., V)
-    target = uniforms.to(cdf) * cdf[..., -1]  # (...,)
-    index = torch.searchsorted(cdf, target[..., None], right=True).squeeze(-1)  # (...,)
-    # rounding can leave the target at the total: the last token with weight there
-    last = (logprobs > float("-inf")).long().cumsum(dim=-1).argmax(dim=-1)  # (...,)
-    return torch.minimum(index, last)
+    cumulative weight exceeds u times the total (accumulated in float64)."""
+    cdf = logprobs.exp().cumsum(dim=-1, dtype=torch.float64)  # (..., V)
+    total = cdf[..., -1:]  # (..., 1)
+    index = torch.searchsorted(cdf, uniforms[..., None].to(cdf) * total, right=True)  # (..., 1)
+    # rounding can leave u times the total at the total: the last token of positive weight
+    last = torch.searchsorted(cdf, total)  # (..., 1)
+    return torch.minimum(index, last).squeeze(-1)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from cmasd.tools.bench.configs import (
     CONFIGS,
     CTRANSLATE2,
     DEFAULT_CONFIGS,
+    DEFAULT_SAMPLING_CONFIGS,
     DRAFTER_OPTIONS,
     BenchConfig,
     BenchError,
@@ -107,6 +108,17 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
                         "(default: DATA/raw/SUBSET.TGT)")
     parser.add_argument("--metric", choices=["bleu", "rouge"], default="bleu",
                         help="bleu: sacreBLEU (13a); rouge: ROUGE-1/2/L F1 with stemming")
+    parser.add_argument("--sampling", action="store_true",
+                        help="sample instead of decoding greedily, as fairseq-generate --sampling: the greedy row is "
+                        "fairseq's sampling, the speculative rows sample (--spec-acceptance rejection); every "
+                        "recorded pass uses its own seed (--seeds) and the quality columns are mean ± standard "
+                        "deviation over them")
+    parser.add_argument("--temperature", type=float, default=1.0, help="fairseq's --temperature (default: 1.0)")
+    parser.add_argument("--sampling-topk", type=int, default=-1, help="fairseq's --sampling-topk (default: -1, off)")
+    parser.add_argument("--sampling-topp", type=float, default=-1.0,
+                        help="fairseq's --sampling-topp (default: -1, off)")
+    parser.add_argument("--seeds", help="with --sampling: comma-separated seeds, one recorded pass each (default: "
+                        "1 .. --repeats)")
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
                         help="SpeculativeDecodingConfig field for every speculative configuration "
                         "(e.g. --set spec_beta=5 cmasd_gamma=0.5); a configuration's own settings win")
@@ -117,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                     formatter_class=argparse.RawDescriptionHelpFormatter,
                     epilog="configurations:\n" + config_listing(indent="  "))
     add_common_args(parser, gen_subset="test")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, action=ListConfigs,
+    parser.add_argument("--configs", action=ListConfigs,
                         help="comma-separated names, or NAME:KEY=VALUE;KEY=VALUE; 'help' lists the names "
-                        "(default: %(default)s)")
+                        f"(default: {DEFAULT_CONFIGS}; with --sampling: {DEFAULT_SAMPLING_CONFIGS})")
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default: %(default)s)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"), help="default: %(default)s")
     parser.set_defaults(repeats=3)
@@ -153,6 +165,47 @@ def check_args(args) -> None:
         raise BenchError(f"--max-sentences: must be >= 1, got {args.max_sentences}")
     if args.spm_model is not None and not os.path.isfile(args.spm_model):
         raise BenchError(f"--spm-model: file not found: {args.spm_model}")
+    if args.seeds is not None and not args.sampling:
+        raise BenchError("--seeds: applies to --sampling (greedy decoding draws nothing)")
+
+
+def sampling_options(args) -> Dict[str, Any]:
+    """fairseq's generation options of ``--sampling`` (empty without it), checked."""
+    if not args.sampling:
+        return {}
+    from cmasd.verification.sampling import Sampling
+
+    try:
+        Sampling(args.temperature, args.sampling_topk, args.sampling_topp)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    return {"sampling": True, "temperature": args.temperature, "sampling_topk": args.sampling_topk,
+            "sampling_topp": args.sampling_topp}
+
+
+def parse_seeds(args) -> Optional[List[int]]:
+    """The seed of each recorded pass with ``--sampling`` (None without it); sets
+    ``args.repeats`` to their number."""
+    if not args.sampling:
+        return None
+    if args.seeds is None:
+        return list(range(1, args.repeats + 1))
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise BenchError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise BenchError(f"--seeds: expected distinct integers, got {args.seeds!r}")
+    args.repeats = len(seeds)
+    return seeds
+
+
+def sampling_configs(configs: Sequence[BenchConfig]) -> None:
+    """Refuse, with --sampling, the rows that cannot sample."""
+    fixed = [c.name for c in configs if not c.speculative and (c.kind == CTRANSLATE2 or c.beam != 1)]
+    if fixed:
+        raise BenchError(f"--sampling: {', '.join(fixed)} do not sample (beam search, CTranslate2's greedy search); "
+                         "leave them out of --configs")
 
 
 
@@ -195,9 +248,11 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
                 global_overrides: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """Build the generators and batches, measure, and make the rows."""
     paths = drafter_paths(args)
-    generators = {c.name: build_generator(bench.setup, c, global_overrides, paths) for c in configs}
+    seeds = parse_seeds(args)
+    generation = sampling_options(args)
+    generators = {c.name: build_generator(bench.setup, c, global_overrides, paths, generation) for c in configs}
     batches = {bs: build_batches(bench.setup, bs) for bs in batch_sizes}
-    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches)
+    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches, seeds)
     return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
 
 
@@ -208,15 +263,29 @@ def report_record(args, bench: Bench, configs, global_overrides, rows, extra=Non
         "references": os.path.abspath(bench.refs_path),
         "detokenizer": f"sentencepiece {bench.spm_path}" if bench.spm_path else "fairseq post_process sentencepiece",
         "repeats": args.repeats,
+        "sampling": sampling_options(args) or None,
+        "seeds": parse_seeds(args),
         "warmup": args.warmup,
         "warmup_batches": args.warmup_batches,
         "global_overrides": dict(global_overrides),
-        "configs": {c.name: config_record(c, global_overrides, drafter_paths(args)) for c in configs},
+        "configs": {c.name: config_record(c, global_overrides, drafter_paths(args), sampling_options(args))
+                    for c in configs},
         "columns": columns(args.metric),
         "rows": rows,
     })
     record.update(extra or {})
     return record
+
+
+def sampling_note(args) -> List[str]:
+    """The line under the table that says what a sampled table's rows mean."""
+    if not args.sampling:
+        return []
+    options = sampling_options(args)
+    return [f"Sampling (temperature {options['temperature']:g}, top-k {options['sampling_topk']}, top-p "
+            f"{options['sampling_topp']:g}): the greedy row is fairseq's SequenceGenerator sampling with --beam 1 and "
+            f"× greedy the speed-up over it; quality is mean ± standard deviation over the seeds "
+            f"{', '.join(map(str, parse_seeds(args)))}, one recorded pass each."]
 
 
 def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device) -> Tuple[List[BenchConfig], List[str]]:
@@ -238,14 +307,17 @@ def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device
 
 
 def main(args) -> None:
-    configs, skipped = without_missing_engines(resolve_configs(args.configs), choose_device(args))
+    default = DEFAULT_SAMPLING_CONFIGS if args.sampling else DEFAULT_CONFIGS
+    configs, skipped = without_missing_engines(resolve_configs(args.configs or default), choose_device(args))
+    if args.sampling:
+        sampling_configs(configs)
     batch_sizes = parse_batch_sizes(args.batch_sizes)
     global_overrides = parse_assignments(args.overrides)
     bench = prepare(args, configs)
     rows = run_configs(bench, args, configs, batch_sizes, global_overrides)
 
     os.makedirs(args.out_dir, exist_ok=True)
-    table = "\n\n".join([markdown_table(rows, args.metric)] + skipped)
+    table = "\n\n".join([markdown_table(rows, args.metric)] + sampling_note(args) + skipped)
     with open(os.path.join(args.out_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
     record = report_record(args, bench, configs, global_overrides, rows,

@@ -69,6 +69,10 @@ SOURCE = {"spec_source_ngram": 2}
 AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 # Lookups with no model drafter behind them: rows without a match send nothing.
 LOOKUPS_ALONE = {"spec_controller": "fixed", "spec_k": 8}
+# With --sampling: speculative sampling (exact in distribution), lenience 0.5, EARS beta 0.1.
+REJECTION = {"spec_acceptance": "rejection"}
+LENIENT = {"spec_acceptance": "rejection", "spec_lenience": 0.5}
+EARS = {"spec_acceptance": "rejection", "ears_beta": 0.1}
 
 
 def speculative(name: str, description: str, *parts: Mapping[str, Any], drafter: str = "spec") -> BenchConfig:
@@ -85,6 +89,18 @@ def ar_configs(gamma: int) -> List[BenchConfig]:
                     AR, {"spec_k": gamma}, EXACT, drafter="ar"),
         speculative(f"ar-g{gamma}", f"autoregressive draft model, gamma={gamma}, top-beta + fixed tau (lenient)",
                     AR, {"spec_k": gamma}, FIXED_TAU, drafter="ar"),
+    ]
+
+
+def sampling_configs(name: str, what: str, *parts: Mapping[str, Any], drafter: str) -> List[BenchConfig]:
+    """Speculative sampling (needs --sampling) with ``parts``: exact, lenience 0.5, EARS 0.1."""
+    return [
+        speculative(name, f"{what}, speculative sampling (--sampling; distributed as fairseq's)", *parts, REJECTION,
+                    drafter=drafter),
+        speculative(f"{name}-l05", f"{what}, speculative sampling with lenience 0.5 (--sampling; not exact)", *parts,
+                    LENIENT, drafter=drafter),
+        speculative(f"{name}-ears", f"{what}, speculative sampling with EARS beta 0.1 (--sampling; not exact)", *parts,
+                    EARS, drafter=drafter),
     ]
 
 
@@ -134,6 +150,13 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, SOURCE, EXACT, drafter=NO_DRAFTER),
         speculative("cmasd-exact", "CM-ASD's adaptive k, exact acceptance (lossless)", ADAPTIVE_K, EXACT),
+        speculative("loop-sample", "cmasd's loop with nothing drafted: the verifier alone, sampling (--sampling)",
+                    {"spec_k": 0}, REJECTION, drafter=NO_DRAFTER),
+        *sampling_configs("spec-sample-k4", "Spec-Drafter, fixed k=4 and a 4-slot block", FIXED_K10,
+                          {"spec_k": 4, "spec_draft_block": 4}, drafter="spec"),
+        *sampling_configs("cmasd-k4-sample", "CM-ASD's adaptive k (k_max=4, 4-slot block)", ADAPTIVE_K, SHORT_BLOCK,
+                          drafter="spec"),
+        *sampling_configs("ar-g4-sample", "autoregressive draft model, gamma=4", AR, {"spec_k": 4}, drafter="ar"),
         speculative("cmasd-text-tau", "CM-ASD with tau = tau_base + gamma*C (the paper's text)",
                     FULL_CMASD, {"cmasd_tau_schedule": "confidence"}),
         speculative("abl-fixedk-fixedtau", "Table III w/o confidence: fixed k=10, fixed tau (= specdec-k10)",
@@ -157,6 +180,9 @@ DEFAULT_CONFIGS = (
     "beam5,greedy,ct2-greedy,loop-greedy-native,loop-greedy,specdec-k10,specdec-k25,specdec-k10-exact,specdec-k25-exact,specdec-k5-exact,"
     "specdec-k5-exact-history,cmasd,cmasd-k4,cmasd-k8,cmasd-k8-history"
 )
+
+# With --sampling: fairseq's sampling (the greedy row), the loop alone and the Spec-Drafter's rows.
+DEFAULT_SAMPLING_CONFIGS = "greedy,loop-sample,spec-sample-k4,spec-sample-k4-l05,spec-sample-k4-ears"
 
 # A comma starts a new configuration only where a name follows (so that values such as
 # cmasd_weights=0.5,0.25,0.25 keep their commas).

@@ -138,17 +138,18 @@ def build_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
 # --------------------------------------------------------------------------- generators
 
 
-def generation_config(beam: int):
-    """fairseq's generation options, defaults but for the beam."""
+def generation_config(beam: int, options: Optional[Mapping[str, Any]] = None):
+    """fairseq's generation options, defaults but for the beam and ``options`` (the
+    sampling options of ``--sampling``)."""
     from fairseq.dataclass.configs import GenerationConfig
 
-    return GenerationConfig(beam=beam)
+    return GenerationConfig(beam=beam, **(options or {}))
 
 
 def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping[str, Any],
-                    paths: Mapping[str, str]):
+                    paths: Mapping[str, str], generation: Optional[Mapping[str, Any]] = None):
     """fairseq's SequenceGenerator, CTranslate2's greedy search, or the speculative
-    generator, for ``config``."""
+    generator, for ``config``, with the generation options ``generation`` (sampling)."""
     if config.ct2_compute_type is not None:
         from cmasd.tools.bench.ct2 import CT2Greedy
 
@@ -156,25 +157,26 @@ def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping
                          config.ct2_compute_type, setup.threads, generation_config(1),
                          setup.model.max_decoder_positions())
     if not config.speculative:
-        return setup.task.build_generator([setup.model], generation_config(config.beam))
+        return setup.task.build_generator([setup.model], generation_config(config.beam, generation))
     from cmasd.options import build_speculative_generator
 
     options = spec_options(config, global_overrides, paths)
     try:
         return build_speculative_generator(
-            [setup.model], setup.drafters.get(config.drafter), setup.task, generation_config(1), options,
+            [setup.model], setup.drafters.get(config.drafter), setup.task, generation_config(1, generation), options,
             log_stats=False,
         )
     except ValueError as e:
         raise BenchError(f"configuration {config.name}: {e}") from None
 
 
-def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str]) -> Dict[str, Any]:
+def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str],
+                  generation: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The full option values of a configuration, for bench.json."""
     if config.speculative:
-        options = options_dict(spec_options(config, global_overrides, paths))
+        options = {**options_dict(spec_options(config, global_overrides, paths)), **(generation or {})}
     elif config.ct2_compute_type is not None:
         options = {"compute_type": config.ct2_compute_type, "beam_size": 1, **options_dict(generation_config(1))}
     else:
-        options = options_dict(generation_config(config.beam))
+        options = options_dict(generation_config(config.beam, generation))
     return {"description": config.description, "kind": config.kind, "drafter": config.drafter, "options": options}

@@ -98,11 +98,21 @@ class Measurements:
         return [statistics.fmean(batch) for batch in zip(*(r.batch_seconds for r in self.runs[(name, bs)]))]
 
 
+def reseed(generator, seed: int) -> None:
+    """Seed the draws of ``generator``'s next pass: the speculative generator's per-sentence
+    uniforms, and torch's global generator, which fairseq's sampling draws from (as
+    fairseq-generate seeds it with ``--seed``)."""
+    torch.manual_seed(seed)
+    if isinstance(generator, SpeculativeGenerator):
+        generator.seed = seed
+
+
 def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[int, list], warmup: int,
-                repeats: int, warmup_batches: int = 0) -> Measurements:
+                repeats: int, warmup_batches: int = 0, seeds: Optional[Sequence[int]] = None) -> Measurements:
     """``warmup`` unrecorded passes (over the first ``warmup_batches`` batches of each
     batch size; 0: all), then ``repeats`` recorded passes; each pass runs every
-    configuration and the floor at every batch size."""
+    configuration and the floor at every batch size. ``seeds`` (sampling): the seed of
+    each recorded pass (the warm-up uses the first)."""
     tgt_dict = setup.task.target_dictionary
     floor_inputs: Dict[int, list] = {}
     out = Measurements()
@@ -112,6 +122,8 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
         for bs, all_batches in batches.items():
             bs_batches = all_batches if recorded or not warmup_batches else all_batches[:warmup_batches]
             for name, generator in generators.items():
+                if seeds is not None:
+                    reseed(generator, seeds[max(n - warmup, 0)])
                 run = decode_split(generator, setup, bs_batches)
                 if bs not in floor_inputs and name == GREEDY and bs_batches is all_batches:
                     floor_inputs[bs] = [

@@ -29,10 +29,14 @@ COLUMNS: Dict[str, str] = {
     "rouge1": "ROUGE-1 F1 x 100 (--metric rouge)",
     "rouge2": "ROUGE-2 F1 x 100 (--metric rouge)",
     "rougeL": "ROUGE-L F1 x 100 (--metric rouge)",
+    "quality_std": "standard deviation of the quality column(s) over the recorded passes (the seeds of --sampling; "
+    "0 where every pass decodes the same)",
     "bleu_vs_greedy": "sacreBLEU of the output with greedy's output (same batch size) as reference",
     "exact_match_vs_greedy": "fraction of sentences with greedy's exact token sequence (same batch size)",
     "mean_accepted_tokens": "tokens a row gains per verifier iteration (1.0 for greedy; n/a for beam search)",
     "rollback_rate": "fraction of row-iterations that rejected a drafted token (speculative only)",
+    "acceptance_rate": "fraction of the drafted tokens sent that were accepted (speculative only)",
+    "pardon_rate": "fraction of the drafted tokens sent that only EARS's tolerance accepted (speculative only)",
     "mean_k": "drafted tokens sent per row-iteration (speculative only)",
     "draft_ms_per_iteration": "drafting time per batched iteration, ms (speculative only)",
     "verify_ms_per_iteration": "verifier pass and fairseq's length/score rules per batched iteration, ms "
@@ -54,7 +58,7 @@ COLUMNS: Dict[str, str] = {
     "batch_longest_output": "tokens of the longest output of each batch, eos included (n/a for the floor)",
 }
 SPECULATIVE_STATS = [
-    "mean_accepted_tokens", "rollback_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration",
+    "mean_accepted_tokens", "rollback_rate", "acceptance_rate", "pardon_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration",
     "bookkeeping_ms_per_iteration",
 ]
 
@@ -119,7 +123,7 @@ def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, 
     greedy_text = [text.detokenize(greedy[i]) for i in ids]
     stats = mean_stats([r.stats for r in m.runs[(config.name, bs)]]) if config.speculative else None
     row = {"config": config.name, "kind": config.kind, "batch_size": bs, "sentences": len(ids), "batches": n_batches}
-    row.update(text.quality(hyp_text, [refs[i] for i in ids]))
+    row.update(pass_quality(m.runs[(config.name, bs)], ids, text, refs))
     row["bleu_vs_greedy"] = bleu(hyp_text, greedy_text)
     row["exact_match_vs_greedy"] = statistics.fmean(hyps[i] == greedy[i] for i in ids)
     row.update({k: (stats[k] if stats else None) for k in SPECULATIVE_STATS})
@@ -134,11 +138,24 @@ def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, 
     return row
 
 
+def pass_quality(runs, ids: List[int], text: TextTools, refs: List[str]) -> Dict[str, float]:
+    """The quality columns, mean over the recorded passes (each scored once per distinct
+    output: sampled passes differ by seed), and ``quality_std``, the standard deviation
+    of the first quality column over them."""
+    scored: List[Dict[str, float]] = []
+    for run in runs:
+        same = next((q for r, q in zip(runs, scored) if r.hypotheses == run.hypotheses), None)
+        scored.append(same or text.quality([text.detokenize(run.hypotheses[i]) for i in ids], [refs[i] for i in ids]))
+    out = {key: statistics.fmean(q[key] for q in scored) for key in scored[0]}
+    out["quality_std"] = mean_std([q[next(iter(q))] for q in scored])[1]
+    return out
+
+
 def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, have_beam5: bool) -> Dict[str, Any]:
     """The floor at one batch size: timing only (it scores greedy's output)."""
     greedy = m.first(GREEDY, bs).hypotheses
     row = {"config": FLOOR, "kind": FLOOR, "batch_size": bs, "sentences": len(greedy), "batches": n_batches}
-    row.update({k: None for k in quality_columns(metric) + ["bleu_vs_greedy", "exact_match_vs_greedy"]})
+    row.update({k: None for k in quality_columns(metric) + ["quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]})
     row.update({k: None for k in SPECULATIVE_STATS})
     tokens = sum(len(t) for t in greedy.values())
     row.update(timing_columns(m, FLOOR, bs, tokens, len(greedy), n_batches, have_beam5))
@@ -164,14 +181,16 @@ def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, 
 TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
     ("config", "config", "s"),
     ("batch_size", "bs", "d"),
-    ("bleu", "BLEU", ".2f"),
-    ("rouge1", "R-1", ".2f"),
+    ("bleu", "BLEU", "q"),
+    ("rouge1", "R-1", "q"),
     ("rouge2", "R-2", ".2f"),
     ("rougeL", "R-L", ".2f"),
     ("bleu_vs_greedy", "BLEU vs greedy", ".2f"),
     ("exact_match_vs_greedy", "exact %", "%"),
     ("mean_accepted_tokens", "tok/iter", ".2f"),
     ("rollback_rate", "rollback %", "%"),
+    ("acceptance_rate", "accept %", "%"),
+    ("pardon_rate", "pardon %", "%"),
     ("mean_k", "mean k", ".2f"),
     ("draft_ms_per_iteration", "draft ms/iter", ".2f"),
     ("verify_ms_per_iteration", "verify ms/iter", ".2f"),
@@ -191,6 +210,9 @@ def cell(row: Dict[str, Any], column: str, fmt: str) -> str:
         return "n/a"
     if fmt == "%":
         return f"{100 * value:.1f}"
+    if fmt == "q":  # a quality figure, with its spread over seeds where there is one
+        spread = row.get("quality_std")
+        return f"{value:.2f} ± {spread:.2f}" if spread else f"{value:.2f}"
     if fmt == "±":
         return f"{value:.3f} ± {row['seconds_std']:.3f}"
     if fmt == "×":
