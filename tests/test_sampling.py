@@ -141,7 +141,7 @@ CASES = [
     pytest.param(1, 0.6, -1, -1.0, True, False, False, id="k1-t0.6-adversarial"),
     pytest.param(3, 0.8, -1, -1.0, False, True, False, id="k3-autoregressive"),
     pytest.param(3, 0.8, 3, -1.0, False, False, False, id="k3-topk3"),
-    pytest.param(3, 0.8, -1, 0.7, False, False, False, id="k3-topp0.7"),
+    pytest.param(3, 1.0, -1, 0.9, False, False, False, id="k3-topp0.9"),
     pytest.param(3, 1.0, -1, -1.0, False, False, True, id="k3-lookup"),
     pytest.param(0, 0.6, -1, -1.0, False, False, False, id="k0-verifier-alone"),
 ]

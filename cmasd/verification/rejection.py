@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from cmasd.verification.base import AcceptanceRule, Needs, Proposal, Verdict, leading_accepted
-from cmasd.verification.sampling import ACCEPT, RESAMPLE, draw
+from cmasd.verification.sampling import ACCEPT, RESAMPLE, draw_weights
 
 EPSILON = 1e-10  # EARS's division guard on q(x)
 
@@ -88,8 +88,8 @@ class SpeculativeSampling(AcceptanceRule):
             residual = (p_next - q_next).clamp(min=0.0)  # (B, V)
             # a residual rounded away to nothing (p = q up to rounding) leaves p
             usable = rejected & (residual.sum(dim=-1) > 1e-6 * p_next.sum(dim=-1))  # (B,)
-            p_next = torch.where(usable[:, None], residual, p_next)
-        next_token = draw(p_next.log(), proposal.random.uniform(RESAMPLE, 1)[:, 0])  # (B,)
+            p_next = torch.where(usable[:, None], residual, p_next)  # (B, V), a new tensor
+        next_token = draw_weights(p_next, proposal.random.uniform(RESAMPLE, 1)[:, 0])  # (B,)
         return Verdict(accepted, next_token, pardoned)
 
 

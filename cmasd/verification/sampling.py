@@ -79,10 +79,18 @@ class RowRandom:
 
 def draw(logprobs: Tensor, uniforms: Tensor) -> Tensor:
     """A token (...,) from each distribution ``logprobs`` (..., V) (unnormalised log
-    weights; -inf: never) at ``uniforms`` (...,) in (0, 1): the first token whose
-    cumulative weight exceeds u times the total (accumulated in float64)."""
-    cdf = logprobs.exp().cumsum(dim=-1, dtype=torch.float64)  # (..., V)
-    total = cdf[..., -1:]  # (..., 1)
+    weights; -inf: never) at ``uniforms`` (...,) in (0, 1)."""
+    return draw_weights(logprobs.float().exp(), uniforms)
+
+
+def draw_weights(weights: Tensor, uniforms: Tensor) -> Tensor:
+    """A token (...,) from each distribution ``weights`` (..., V) (unnormalised float32
+    probabilities, overwritten) at ``uniforms`` (...,): the first token whose cumulative
+    weight exceeds u times the total. The cumulative sum is float32, in place: each
+    token's share of it is exact to within the rounding of one addition (about 6e-8 of
+    the total), and no large temporary is made."""
+    cdf = weights.cumsum_(dim=-1)  # (..., V)
+    total = cdf[..., -1:].contiguous()  # (..., 1)
     index = torch.searchsorted(cdf, uniforms[..., None].to(cdf) * total, right=True)  # (..., 1)
     # rounding can leave u times the total at the total: the last token of positive weight
     last = torch.searchsorted(cdf, total)  # (..., 1)
@@ -137,6 +145,9 @@ class Sampling:
     def drafter_logprobs(self, logits: Tensor, pad: int) -> Tensor:
         """The normalised distribution (..., V) a drafter draws from: its tempered
         logits, pad never drawn, truncated as the verifier's are."""
-        lprobs = self.tempered(logits)
-        lprobs[..., pad] = float("-inf")
-        return torch.log_softmax(self.truncate(lprobs), dim=-1)
+        logits = logits.float() / self.temperature
+        logits[..., pad] = float("-inf")
+        lprobs = torch.log_softmax(logits, dim=-1)  # (..., V)
+        if self.topk > 0 or self.topp > 0:
+            lprobs = torch.log_softmax(self.truncate(lprobs), dim=-1)
+        return lprobs
