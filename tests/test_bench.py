@@ -315,3 +315,49 @@ def test_ct2_cache_is_beside_the_checkpoint_unless_read_only(tmp_path):
         assert cache_location(str(models / "v.pt"), str(tmp_path / "out")) == str(tmp_path / "out" / "ct2" / "v.pt.ct2")
     finally:
         models.chmod(0o755)
+
+
+SAMPLING_CONFIGS = ["greedy", "loop-sample", "spec-sample-k4", "spec-sample-k4-ears", "ar-g4-sample-l05"]
+
+
+@pytest.fixture(scope="module")
+def sampling_json(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-sampling")
+    proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path",
+                ar_drafter, "--max-sentences", "12", "--batch-sizes", "1,4", "--warmup", "0", "--threads", "1",
+                "--sampling", "--temperature", "0.9", "--seeds", "3,4", "--configs", ",".join(SAMPLING_CONFIGS),
+                "--out-dir", out])
+    assert "fairseq's SequenceGenerator sampling" in proc.stdout
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_sampled_bench_has_a_pass_per_seed_and_rates(sampling_json):
+    assert sampling_json["seeds"] == [3, 4] and sampling_json["repeats"] == 2
+    assert sampling_json["sampling"]["temperature"] == 0.9
+    assert {(r["config"], r["batch_size"]) for r in sampling_json["rows"]} == {
+        (c, bs) for c in SAMPLING_CONFIGS + ["floor"] for bs in (1, 4)}
+    for name in SAMPLING_CONFIGS[1:]:
+        assert sampling_json["configs"][name]["options"]["spec_acceptance"] == "rejection"
+        for bs, row in rows_of(sampling_json, name).items():
+            assert row["quality_std"] is not None and math.isfinite(row["bleu"]), (name, bs)
+            assert 0 <= row["pardon_rate"] <= row["acceptance_rate"] <= 1, (name, bs)
+    # per-sentence randomness: a sampler's output does not depend on the batch size
+    for name in SAMPLING_CONFIGS[1:]:
+        rows = rows_of(sampling_json, name)
+        assert rows[1]["bleu"] == rows[4]["bleu"] and rows[1]["tokens"] == rows[4]["tokens"], name
+    assert rows_of(sampling_json, "spec-sample-k4")[1]["pardon_rate"] == 0  # EARS off
+    assert rows_of(sampling_json, "greedy")[1]["quality_std"] > 0  # two seeds, two samples
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sampling", "--configs", "greedy,beam5"], "--sampling: beam5 do not sample"),
+    (["--seeds", "1,2"], "--seeds: applies to --sampling"),
+    (["--sampling", "--sampling-topp", "1.5"], "--sampling-topp: must be in (0, 1]"),
+    (["--sampling", "--seeds", "1,1"], "--seeds: expected distinct integers"),
+])
+def test_sampling_bench_errors_are_one_line(multi30k, verifier, argv, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", str(multi30k), "--path", str(verifier),
+                           "--configs", "greedy", *argv, "--out-dir", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr

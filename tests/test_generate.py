@@ -312,7 +312,7 @@ def last_line(proc):
         (["--spec-controller", "cmasd", "--cmasd-alpha", "1.5"], "--cmasd-alpha"),
         (["--spec-acceptance", "cmasd", "--cmasd-gamma", "-1"], "--cmasd-gamma"),
         (["--cmasd-weights", "0.5,0.5,0.5"], "--cmasd-weights"),
-        (["--sampling"], "--sampling"),
+        (["--sampling", "--spec-acceptance", "exact"], "--spec-acceptance exact: verifies greedy decoding"),
         (["--spec-k", "10", "--spec-draft-block", "9"], "--spec-draft-block: must be in [10, 25]"),
         (["--spec-controller", "cmasd", "--spec-draft-block", "24"], "--spec-draft-block: must be in [25, 25]"),
         (["--spec-history-ngram", "-1"], "--spec-history-ngram: must be >= 0"),

@@ -194,6 +194,19 @@ def test_a_sentence_gets_the_same_sample_at_batch_1_and_16(probe, verifier, draf
     assert sum(other_seed[i] != one[i] for i in one) > PROBE_SENTENCES // 2
 
 
+def test_greedy_with_a_temperature_equals_beam1_with_it(probe, verifier, drafter):
+    """--temperature without --sampling: fairseq divides the logits by it (the scores
+    change, the argmax does not); so does the verifier here, and exact stays lossless."""
+    from test_generate import assert_same_hypotheses
+
+    reference = hypotheses(generate(probe, verifier, "--batch-size", "16", "--temperature", "0.7").stdout)
+    plain = hypotheses(generate(probe, verifier, "--batch-size", "16").stdout)
+    assert any(abs(reference[i][0] - plain[i][0]) > 1e-2 for i in plain)  # the temperature shows in the scores
+    proc = generate(probe, verifier, "--batch-size", "16", "--temperature", "0.7", "--drafter-path", drafter,
+                    "--spec-k", "4")
+    assert_same_hypotheses(hypotheses(proc.stdout), reference)
+
+
 def test_lenience_and_ears_decode_every_line_and_count_pardons(probe, verifier, drafter):
     proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter, "--spec-k", "4", "--sampling",
                     "--temperature", "0.9", "--spec-lenience", "0.5", "--ears-beta", "0.2")

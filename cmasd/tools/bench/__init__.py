@@ -5,6 +5,7 @@ decoders on one data split, measured the same way in one process.
         [--gen-subset test] [--configs beam5,greedy,specdec-k10,cmasd] \\
         [--batch-sizes 1,16] [--repeats 3] [--warmup 1] [--threads N] \\
         [--max-sentences N] [--references RAW.txt] [--metric bleu|rouge] \\
+        [--sampling [--temperature T] [--sampling-topk K] [--sampling-topp P] [--seeds 1,2,3]] \\
         [--set KEY=VALUE ...] [--out-dir checkpoints/bench]
 
 What it does, in order:
@@ -24,9 +25,16 @@ What it does, in order:
    output, the cost of merely scoring the answer with the verifier (``FloorScorer``:
    the encoder and the decoding loops' own block scorer, on the layers and kernels
    ``--spec-kernels auto`` gives the decoders);
-4. scores the first recorded pass of every configuration (decoding is deterministic)
-   and writes ``bench.md``, ``bench.json`` and ``latency-throughput.png`` under
-   ``--out-dir``.
+4. scores every recorded pass of every configuration (once per distinct output: greedy
+   decoding gives the same output every pass) and writes ``bench.md``, ``bench.json`` and
+   ``latency-throughput.png`` under ``--out-dir``.
+
+With ``--sampling`` every decoder samples with fairseq's sampling options: the greedy row
+is fairseq's sampling (``--beam 1``), the speculative rows use ``--spec-acceptance
+rejection``, beam search and CTranslate2 rows are refused; recorded pass i uses seed i of
+``--seeds`` (default 1 .. ``--repeats``; torch's global seed for fairseq's sampler, the
+per-sentence seed of the speculative ones), and the quality columns are the mean over
+the passes with ``quality_std`` their spread.
 
 Configurations are named in ``CONFIGS`` (``--configs help`` lists them) or defined on
 the command line as ``NAME:KEY=VALUE;KEY=VALUE``, KEY a ``SpeculativeDecodingConfig``

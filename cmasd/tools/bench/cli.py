@@ -167,6 +167,8 @@ def check_args(args) -> None:
         raise BenchError(f"--spm-model: file not found: {args.spm_model}")
     if args.seeds is not None and not args.sampling:
         raise BenchError("--seeds: applies to --sampling (greedy decoding draws nothing)")
+    sampling_options(args)
+    parse_seeds(args)
 
 
 def sampling_options(args) -> Dict[str, Any]:

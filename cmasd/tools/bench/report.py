@@ -80,8 +80,9 @@ def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> Tuple[
 
 
 def mean_stats(summaries: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """The speculative statistics of several repetitions: timings (floats that differ)
-    averaged, the rest (counts, histograms) from the first, decoding being deterministic."""
+    """The speculative statistics of several repetitions: the floats that differ (timings;
+    with --sampling, the rates of each seed) averaged, the rest (counts, histograms) from
+    the first."""
     out = dict(summaries[0])
     for key, value in out.items():
         values = [s[key] for s in summaries]
