@@ -50,19 +50,44 @@ class SpeculativeDecodingConfig(FairseqDataclass):
                   "(a fairseq Transformer, one token per pass), or auto (from the checkpoint's model)"},
     )
     spec_controller: ChoiceEnum(list(CONTROLLERS)) = field(
-        default="fixed", metadata={"help": "draft-length controller: fixed k or CM-ASD's adaptive k"}
+        default="fixed",
+        metadata={"help": "draft-length controller: fixed k; cmasd (CM-ASD's confidence-scaled k); gammatune, "
+                  "gammatune-plus (GammaTune's window from the accepted tokens, + a drafter-probability stop); "
+                  "hf-heuristic (+2 after a fully accepted draft, else -1); assistant-threshold (up to --spec-k, "
+                  "ending after the first draft below --draft-stop-threshold)"},
     )
     spec_k: int = field(
         default=10,
         metadata={"help": "draft length of the fixed controller (the gamma of an autoregressive draft model); 0: "
                   "nothing drafted, the verifier decodes greedily through the same loop (a reference for "
-                  "measurements)"},
+                  "measurements); the initial gamma of gammatune, gammatune-plus and hf-heuristic, the most of "
+                  "assistant-threshold"},
     )
-    spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd controller"})
+    spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd and gammatune "
+                                                         "controllers"})
     spec_k_max: Optional[int] = field(
         default=None,
-        metadata={"help": "largest draft length of the cmasd controller (default: the Spec-Drafter's block; "
-                  "required with other drafters)"},
+        metadata={"help": "largest draft length of the cmasd, gammatune and hf-heuristic controllers (default: the "
+                  "Spec-Drafter's block; required with other drafters)"},
+    )
+    gammatune_eta: float = field(
+        default=0.5, metadata={"help": "gammatune: weight eta in (0, 1] of the latest accepted count in the window's "
+                               "moving average (the paper gives no value)"}
+    )
+    gammatune_delta: int = field(
+        default=1, metadata={"help": "gammatune: expansion delta >= 0 after a fully accepted draft (the paper gives no "
+                             "value)"}
+    )
+    gammatune_expansion: ChoiceEnum(["text", "algorithm"]) = field(
+        default="text",
+        metadata={"help": "gammatune: text: a fully accepted draft enters the average as A + delta (the paper's "
+                  "text); algorithm: Algorithm 1 as printed, whose gamma <- A + delta is overwritten at once (delta "
+                  "has no effect)"},
+    )
+    draft_stop_threshold: float = field(
+        default=0.4,
+        metadata={"help": "gammatune-plus, assistant-threshold: a draft ends after its first token whose drafter "
+                  "probability is below this, in [0, 1] (transformers v5's default 0.4)"},
     )
     spec_draft_block: Optional[int] = field(
         default=None,

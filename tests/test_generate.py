@@ -207,6 +207,27 @@ def test_every_drafter_kind_is_lossless(probe, verifier, drafters, greedy, setup
         assert (rate > 0) == (lookup in setup), (lookup, rate)
 
 
+HISTORY_CONTROLLERS = {
+    "gammatune-spec": lambda d: ["--drafter-path", d["spec"], "--spec-controller", "gammatune", "--spec-k", "4"],
+    "gammatune-plus-autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-controller", "gammatune-plus",
+                                                "--spec-k", "3", "--spec-k-max", "6"],
+    "hf-heuristic-spec": lambda d: ["--drafter-path", d["spec"], "--spec-controller", "hf-heuristic", "--spec-k", "2",
+                                    "--spec-k-max", "10"],
+    "assistant-threshold-autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-controller",
+                                                     "assistant-threshold", "--spec-k", "5"],
+}
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+@pytest.mark.parametrize("setup", sorted(HISTORY_CONTROLLERS))
+def test_history_controllers_are_lossless(probe, verifier, drafters, greedy, setup, batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), *HISTORY_CONTROLLERS[setup](drafters),
+                    "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    histogram = re.search(r"k histogram \{([^}]*)\}", proc.stderr).group(1)
+    assert len(histogram.split(",")) > 1  # the draft length changed along the way
+
+
 @pytest.mark.parametrize("batch_size", [1, 16])
 def test_autoregressive_drafts_past_the_first_cache_stay_lossless(probe, verifier, ar_drafter, batch_size):
     long = ("--min-len", "150")
@@ -318,6 +339,12 @@ def last_line(proc):
         (["--spec-history-ngram", "-1"], "--spec-history-ngram: must be >= 0"),
         (["--spec-source-ngram", "-2"], "--spec-source-ngram: must be >= 0"),
         (["--drafter-kind", "autoregressive"], "--drafter-kind autoregressive: "),
+        (["--spec-controller", "gammatune", "--gammatune-eta", "0"], "--gammatune-eta: must be in (0, 1]"),
+        (["--spec-controller", "gammatune", "--spec-k-min", "5", "--spec-k-max", "4", "--spec-k", "4"],
+         "--spec-k-min: must be in [1, 4]"),
+        (["--spec-controller", "gammatune", "--gammatune-delta", "-1"], "--gammatune-delta: must be >= 0"),
+        (["--spec-controller", "assistant-threshold", "--draft-stop-threshold", "1.2"],
+         "--draft-stop-threshold: must be in [0, 1]"),
     ],
 )
 def test_unsupported_options_are_refused(probe, verifier, drafter, options, message):

@@ -11,7 +11,7 @@ import math
 from types import SimpleNamespace
 
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cmasd.drafters.base import Draft
@@ -32,6 +32,11 @@ options = st.fixed_dictionaries({
     "spec_k_min": st.integers(1, 4),
     "spec_k_max": st.integers(4, 12),
     "cmasd_alpha": st.floats(0.01, 1.0),
+    "gammatune_eta": st.floats(0.01, 1.0),
+    "gammatune_delta": st.integers(0, 3),
+    "gammatune_expansion": st.sampled_from(["text", "algorithm"]),
+    "draft_stop_threshold": st.floats(0.0, 1.0),
+    "spec_controller": st.just("a history controller"),
 })
 
 
@@ -115,19 +120,28 @@ def test_sampling_rules(name, lenience, beta, case, lookup, seed):
 @given(name=st.sampled_from(sorted(CONTROLLERS)), cfg=options, limit=st.sampled_from([None, 12, 25]),
        bsz=st.integers(1, 8), seed=st.integers(0, 2**31 - 1))
 def test_controllers(name, cfg, limit, bsz, seed):
-    controller = CONTROLLERS[name].from_config(SimpleNamespace(**cfg), limit)
+    try:
+        controller = CONTROLLERS[name].from_config(SimpleNamespace(**cfg), limit)
+    except ValueError:  # options out of range for this controller: refused, as tested elsewhere
+        assume(False)
     assert controller.horizon >= 0 and (limit is None or controller.horizon <= limit)
     gen = torch.Generator().manual_seed(seed)
     horizon = controller.horizon
     confidence = torch.rand(bsz, horizon, generator=gen) if controller.needs.confidence else None
-    draft = Draft(torch.randint(2, 50, (bsz, horizon), generator=gen), confidence=confidence)
+    logprobs = torch.log_softmax(torch.randn(bsz, horizon, 50, generator=gen) * 3, dim=-1)  # (B, H, V)
+    logprobs = logprobs if controller.needs.draft_logprobs else None
+    draft = Draft(torch.randint(2, 50, (bsz, horizon), generator=gen), None, logprobs, confidence)
     state = controller.start(bsz, torch.device("cpu"))
-    k = controller.propose(state, draft)
-    assert k.shape == (bsz,) and k.dtype == torch.long
-    assert ((k >= 0) & (k <= horizon)).all()
-    accepted = (torch.rand(bsz, generator=gen) * (k + 1)).long().clamp(max=k)
-    state = controller.observe(state, k, accepted)
+    for _ in range(3):
+        budget = controller.budget(state)
+        assert budget is None or (budget.shape == (bsz,) and ((budget >= 0) & (budget <= horizon)).all())
+        k = controller.propose(state, draft)
+        assert k.shape == (bsz,) and k.dtype == torch.long
+        assert ((k >= 0) & (k <= (horizon if budget is None else budget))).all()
+        accepted = (torch.rand(bsz, generator=gen) * (k + 1)).long().clamp(max=k)
+        state = controller.observe(state, k, accepted)
     rows = torch.arange(bsz)[torch.rand(bsz, generator=gen) < 0.5]
     kept = state.select(rows)
-    again = controller.propose(kept, Draft(draft.tokens[rows], confidence=None if confidence is None else confidence[rows]))
+    again = controller.propose(kept, Draft(draft.tokens[rows], None, None if logprobs is None else logprobs[rows],
+                                           None if confidence is None else confidence[rows]))
     assert again.shape == (rows.numel(),)

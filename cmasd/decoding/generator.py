@@ -30,7 +30,7 @@ from torch import Tensor
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
 from cmasd.decoding.stats import DecodeStats
-from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source
+from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, empty_draft
 from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
 from cmasd.verification.sampling import RowRandom, Sampling
 
@@ -111,7 +111,8 @@ class Decoded(NamedTuple):
 class SpeculativeGenerator:
     """Draft with ``drafter``, verify with ``model``; each iteration, for every row:
 
-    1. the drafter drafts ``controller.horizon`` tokens (and whatever the parts read);
+    1. the drafter drafts ``controller.horizon`` tokens (and whatever the parts read), or
+       fewer where the controller's ``budget`` caps every row below it;
     2. the controller picks how many (k) each row sends;
     3. the verifier scores the last accepted token and the k drafts in one pass;
     4. the acceptance rule keeps a prefix and adds the verifier's next token;
@@ -231,10 +232,17 @@ class SpeculativeGenerator:
         which rows just finished (B,) bool."""
         t0 = now(state.tokens)
         random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
-        request = self.request if self.sampling is None else replace(self.request, random=random)
-        draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
+        budget = self.controller.budget(state.controller)  # (B,) or None
+        horizon = self.horizon if budget is None else int(budget.max())
+        request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None)
+        if horizon:
+            draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
+        else:  # no row may send anything: the drafter catches up on its next call
+            draft, drafter_state = empty_draft(state.rows.numel(), request, state.tokens.device), state.drafter
         # Never draft past the forced eos: positions lengths .. max_len may be drafted.
         room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
+        if budget is not None:
+            room = torch.minimum(room, budget)
         k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
         if draft.valid is not None:
             k = torch.minimum(k, draft.valid)  # (B,)
@@ -255,7 +263,7 @@ class SpeculativeGenerator:
         controller_state = self.controller.observe(state.controller, k, accepted)
         state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
         # mean confidence over the horizon, where it was computed
-        block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and self.horizon else None
+        block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
         stats.observe(k, accepted, gained, block_confidence, draft.served, verdict.pardoned)
         t3 = now(state.tokens)
 

@@ -166,6 +166,13 @@ def model_draft(logits: Tensor, request: DraftRequest, pad: int,
     return Draft(tokens, None, logprobs, confidence)
 
 
+def empty_draft(rows: int, request: DraftRequest, device: torch.device) -> Draft:
+    """The draft of an iteration in which no row may send anything: no drafter runs."""
+    tokens = torch.zeros(rows, 0, dtype=torch.long, device=device)  # (B, 0)
+    confidence = torch.zeros(rows, 0, device=device) if request.confidence is not None else None  # (B, 0)
+    return Draft(tokens, torch.zeros(rows, dtype=torch.long, device=device), None, confidence)
+
+
 def point_mass(tokens: Tensor, vocab: int) -> Tensor:
     """Log-probabilities (B, H, V) of drafting exactly ``tokens`` (B, H): 0 there, -inf elsewhere."""
     out = torch.full(tokens.shape + (vocab,), float("-inf"), device=tokens.device)  # (B, H, V)

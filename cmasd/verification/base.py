@@ -114,10 +114,13 @@ class Controller(abc.ABC):
     """How many drafted tokens each row sends to the verifier.
 
     ``horizon``: how many drafted positions the drafter computes per iteration (the most
-    ``propose`` can ask for). ``start`` gives the per-row state of a new batch; ``propose``
-    maps it and the draft to a draft length per row, ``observe`` hears back how many were
-    accepted and returns the new state. The loop selects the state's rows when rows
-    finish, and never reads it.
+    ``propose`` can ask for). ``start`` gives the per-row state of a new batch; ``budget``
+    may cap, before drafting and from the state alone, what each row can send this
+    iteration (the drafter then drafts only the largest cap: fewer draft-model steps,
+    fewer Spec-Drafter positions projected; nothing at all when every cap is 0);
+    ``propose`` maps the state and the draft to a draft length per row, ``observe`` hears
+    back how many were accepted and returns the new state. The loop selects the state's
+    rows when rows finish, and never reads it.
     """
 
     needs: Needs = Needs()
@@ -133,6 +136,12 @@ class Controller(abc.ABC):
         """The state of a new batch of ``rows`` rows."""
         return NO_ROW_STATE
 
+    def budget(self, state: RowState) -> Optional[Tensor]:
+        """Before drafting: the most tokens each row may send this iteration, (B,) long in
+        [0, horizon]; None: ``horizon`` for every row (a controller that decides from the
+        draft alone)."""
+        return None
+
     @abc.abstractmethod
     def propose(self, state: RowState, draft: Draft) -> Tensor:
         """Draft length per row, (B,) long in [0, horizon]. ``draft.confidence`` is set
@@ -143,3 +152,11 @@ class Controller(abc.ABC):
         the verifier accepted ``accepted`` (B,) of them."""
         return state
 
+
+def within(option: str, value: int, low: int, limit: Optional[int], what: str = "the drafter's block") -> None:
+    """Refuse ``value`` outside [low, limit] (limit None: no upper bound), naming ``option``."""
+    if limit is None:
+        if value < low:
+            raise ValueError(f"{option}: must be >= {low}, got {value}")
+    elif not low <= value <= limit:
+        raise ValueError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")

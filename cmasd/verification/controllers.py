@@ -5,6 +5,9 @@
 * ``cmasd``: CM-ASD's confidence-scaled draft length (Waghela et al.,
   "Confidence-Modulated Speculative Decoding for Large Language Models",
   arXiv:2508.15371, Sec. III-B(b)).
+* ``gammatune``, ``gammatune-plus``, ``hf-heuristic``, ``assistant-threshold``: draft
+  lengths from the history of accepted tokens and the drafter's probabilities
+  (``cmasd.verification.history``).
 
 ``limit`` is the most tokens the drafter can draft in one pass (the Spec-Drafter's
 block), or None where there is none (an autoregressive draft model, n-gram lookups).
@@ -16,16 +19,8 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
-from cmasd.verification.base import Controller, Needs, RowState
-
-
-def within(option: str, value: int, low: int, limit: Optional[int], what: str = "the drafter's block") -> None:
-    """Refuse ``value`` outside [low, limit] (limit None: no upper bound), naming ``option``."""
-    if limit is None:
-        if value < low:
-            raise ValueError(f"{option}: must be >= {low}, got {value}")
-    elif not low <= value <= limit:
-        raise ValueError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")
+from cmasd.verification.base import Controller, Needs, RowState, within
+from cmasd.verification.history import HISTORY_CONTROLLERS
 
 
 class Fixed(Controller):
@@ -74,4 +69,5 @@ class ConfidenceScaled(Controller):
         return k.clamp(min=self.k_min, max=self.k_max)
 
 
-CONTROLLERS: Dict[str, type] = {"fixed": Fixed, "cmasd": ConfidenceScaled}
+CONTROLLERS: Dict[str, type] = {"fixed": Fixed, "cmasd": ConfidenceScaled, **HISTORY_CONTROLLERS}
+

@@ -1,0 +1,199 @@
+"""Draft-length controllers driven by the history of accepted tokens, and by the
+drafter's probability of what it drafted (the contract: ``cmasd.verification.base.Controller``).
+
+* ``gammatune``: GammaTune (Gautam et al., "Token-Driven GammaTune: Adaptive Calibration for
+  Enhanced Speculative Decoding", Sec. 4.1, Algorithm 1). After an iteration in which a row
+  accepted A of its gamma drafts: if A = gamma the window expands by delta; then
+  gamma_bar <- min(gamma_max, max(gamma_min, (1 - eta) gamma_bar + eta A)) and
+  gamma <- ceil(gamma_bar). The paper is ambiguous about the expansion: its text says it
+  "increases A by a tunable offset delta" (so A + delta enters the average:
+  ``--gammatune-expansion text``, the default), while Algorithm 1 sets gamma <- A + delta
+  and then overwrites gamma with ceil(gamma_bar) on the next line, so delta has no effect
+  (``algorithm``). It gives no values for eta, delta or the clips; cmasd's defaults are
+  eta 0.5, delta 1, and the clips of ``--spec-k-min`` / ``--spec-k-max``.
+* ``gammatune-plus``: GammaTune+ (Sec. 4.2): GammaTune, and the draft ends at the first
+  position whose drafter probability is below tau (``--draft-stop-threshold``).
+* ``hf-heuristic``: Hugging Face assisted generation's ``num_assistant_tokens_schedule=
+  "heuristic"``: gamma + 2 after a fully accepted draft, else max(1, gamma - 1).
+* ``assistant-threshold``: Hugging Face's ``assistant_confidence_threshold``: up to
+  gamma drafts, ending at the first whose drafter probability is below the threshold
+  (0.4, transformers v5's default).
+
+A drafted position whose probability is below the threshold is still sent (Hugging
+Face's stopping criterion checks the token it has just drafted): the draft ends *after*
+it. Every state is per row and starts afresh for each batch's sentences at the initial
+gamma (``--spec-k``): a sentence is decoded as it would be alone, whatever the batch.
+(The paper's LLM setting carries the state within one long generation; a translation is
+one short generation.) The initial gamma, the clips and the window apply to what a row
+may send: the loop asks the drafter for no more than the largest gamma of the batch
+(``budget``), so a short gamma also saves drafter time (draft-model steps, Spec-Drafter
+positions projected).
+"""
+
+from dataclasses import dataclass, replace
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from cmasd.drafters.base import Draft
+from cmasd.verification.base import Controller, Needs, RowState, within
+
+EXPANSIONS = ("text", "algorithm")
+
+
+def check_threshold(threshold: float) -> float:
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"--draft-stop-threshold: must be in [0, 1], got {threshold:g}")
+    return threshold
+
+
+def until_unsure(draft: Draft, gamma: Tensor, threshold: float) -> Tensor:
+    """Per row, ``gamma`` (B,) cut after the first drafted position whose drafter
+    probability is below ``threshold``: (B,). A lookup's draft (no distribution) is sure."""
+    if draft.logprobs is None:
+        return gamma
+    width = draft.tokens.size(1)
+    prob = draft.logprobs.float().gather(-1, draft.tokens[..., None]).squeeze(-1).exp()  # (B, H)
+    unsure = prob < threshold  # (B, H)
+    first = torch.where(unsure.any(dim=1), unsure.long().argmax(dim=1) + 1, width)  # (B,) drafts up to and with it
+    return torch.minimum(gamma, first)
+
+
+@dataclass(frozen=True)
+class GammaState(RowState):
+    gamma: Tensor  # (B,) long: the draft length of the next iteration
+    average: Tensor  # (B,) float: gamma_bar
+
+
+class GammaTune(Controller):
+    """GammaTune's window (see the module docstring)."""
+
+    def __init__(self, initial: int, eta: float, delta: int, gamma_min: int, gamma_max: int, expansion: str,
+                 limit: Optional[int]):
+        within("--spec-k-max", gamma_max, 1, limit)
+        within("--spec-k-min", gamma_min, 1, gamma_max, what=f"up to --spec-k-max={gamma_max}")
+        within("--spec-k", initial, gamma_min, gamma_max, what=f"the initial gamma, in [--spec-k-min, --spec-k-max]")
+        if not 0.0 < eta <= 1.0:
+            raise ValueError(f"--gammatune-eta: must be in (0, 1], got {eta:g}")
+        if delta < 0:
+            raise ValueError(f"--gammatune-delta: must be >= 0, got {delta}")
+        if expansion not in EXPANSIONS:
+            raise ValueError(f"--gammatune-expansion: unknown {expansion!r}; choose {' or '.join(EXPANSIONS)}")
+        self.initial, self.eta, self.delta = initial, eta, delta
+        self.gamma_min, self.gamma_max, self.expansion = gamma_min, gamma_max, expansion
+        self.horizon = gamma_max
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "GammaTune":
+        return cls(*gamma_options(cfg, limit), limit)
+
+    def start(self, rows: int, device: torch.device) -> GammaState:
+        return GammaState(torch.full((rows,), self.initial, dtype=torch.long, device=device),
+                          torch.full((rows,), float(self.initial), device=device))
+
+    def budget(self, state: GammaState) -> Tensor:
+        return state.gamma
+
+    def propose(self, state: GammaState, draft: Draft) -> Tensor:
+        return state.gamma
+
+    def observe(self, state: GammaState, proposed: Tensor, accepted: Tensor) -> GammaState:
+        gained = accepted.float()  # (B,) A
+        if self.expansion == "text":  # a fully accepted draft counts delta more
+            gained = torch.where((accepted == proposed) & (proposed > 0), gained + self.delta, gained)
+        average = ((1.0 - self.eta) * state.average + self.eta * gained).clamp(self.gamma_min, self.gamma_max)  # (B,)
+        # ceil, with a little slack so that 3.0000001 from rounding stays 3
+        return replace(state, gamma=torch.ceil(average - 1e-6).long(), average=average)
+
+
+def gamma_options(cfg, limit: Optional[int]):
+    """(initial gamma, eta, delta, gamma_min, gamma_max, expansion) of the options."""
+    gamma_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
+    if gamma_max is None:
+        raise ValueError(f"--spec-k-max: required with --spec-controller {cfg.spec_controller} when the drafter has "
+                         "no block of its own (an autoregressive draft model, lookups alone)")
+    return cfg.spec_k, cfg.gammatune_eta, cfg.gammatune_delta, cfg.spec_k_min, gamma_max, cfg.gammatune_expansion
+
+
+class GammaTunePlus(GammaTune):
+    """GammaTune+: GammaTune's window, each draft ending after its first position whose
+    drafter probability is below the threshold."""
+
+    needs = Needs(draft_logprobs=True)
+
+    def __init__(self, *args, threshold: float):
+        super().__init__(*args)
+        self.threshold = check_threshold(threshold)
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "GammaTunePlus":
+        return cls(*gamma_options(cfg, limit), limit, threshold=cfg.draft_stop_threshold)
+
+    def propose(self, state: GammaState, draft: Draft) -> Tensor:
+        return until_unsure(draft, state.gamma, self.threshold)
+
+
+@dataclass(frozen=True)
+class LengthState(RowState):
+    gamma: Tensor  # (B,) long
+
+
+class HFHeuristic(Controller):
+    """Hugging Face's heuristic schedule: +2 after a fully accepted draft, else -1 (>= 1),
+    never above ``--spec-k-max``."""
+
+    def __init__(self, initial: int, gamma_max: int, limit: Optional[int]):
+        within("--spec-k-max", gamma_max, 1, limit)
+        within("--spec-k", initial, 1, gamma_max, what=f"the initial gamma, up to --spec-k-max={gamma_max}")
+        self.initial, self.horizon = initial, gamma_max
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "HFHeuristic":
+        gamma_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
+        if gamma_max is None:
+            raise ValueError("--spec-k-max: required with --spec-controller hf-heuristic when the drafter has no block "
+                             "of its own (an autoregressive draft model, lookups alone)")
+        return cls(cfg.spec_k, gamma_max, limit)
+
+    def start(self, rows: int, device: torch.device) -> LengthState:
+        return LengthState(torch.full((rows,), self.initial, dtype=torch.long, device=device))
+
+    def budget(self, state: LengthState) -> Tensor:
+        return state.gamma
+
+    def propose(self, state: LengthState, draft: Draft) -> Tensor:
+        return state.gamma
+
+    def observe(self, state: LengthState, proposed: Tensor, accepted: Tensor) -> LengthState:
+        full = (accepted == proposed) & (proposed > 0)  # (B,)
+        gamma = torch.where(full, state.gamma + 2, (state.gamma - 1).clamp(min=1))  # (B,)
+        return replace(state, gamma=gamma.clamp(max=self.horizon))
+
+
+class AssistantThreshold(Controller):
+    """Hugging Face's confidence threshold: up to ``--spec-k`` drafts, ending after the
+    first whose drafter probability is below the threshold."""
+
+    needs = Needs(draft_logprobs=True)
+
+    def __init__(self, gamma: int, threshold: float, limit: Optional[int]):
+        within("--spec-k", gamma, 1, limit)
+        self.gamma, self.threshold = gamma, check_threshold(threshold)
+        self.horizon = gamma
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "AssistantThreshold":
+        return cls(cfg.spec_k, cfg.draft_stop_threshold, limit)
+
+    def propose(self, state: RowState, draft: Draft) -> Tensor:
+        gamma = torch.full(draft.tokens.shape[:1], self.gamma, dtype=torch.long, device=draft.tokens.device)  # (B,)
+        return until_unsure(draft, gamma, self.threshold)
+
+
+HISTORY_CONTROLLERS: Dict[str, type] = {
+    "gammatune": GammaTune,
+    "gammatune-plus": GammaTunePlus,
+    "hf-heuristic": HFHeuristic,
+    "assistant-threshold": AssistantThreshold,
+}

@@ -1,0 +1,162 @@
+"""Draft-length controllers from the acceptance history (cmasd.verification.history):
+hand-computed sequences of (proposed, accepted) and the gamma each must produce, clips
+included; the drafter-probability stop; one-line refusals; per-row state that follows the
+rows through a batch in which they finish at different iterations; the drafter asked for
+no more than the batch's largest gamma."""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from test_drafter import source_batch, tiny_drafter
+
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.drafters.base import Draft
+from cmasd.drafters.compose import Fallback
+from cmasd.drafters.ngram import HistoryNgram
+from cmasd.drafters.spec_drafter import SpecDrafter
+from cmasd.verification.acceptance import Exact
+from cmasd.verification.confidence import ConfidenceSpec
+from cmasd.verification.history import AssistantThreshold, GammaState, GammaTune, GammaTunePlus, HFHeuristic
+
+
+def run(controller, steps, rows=1):
+    """The gamma after each (proposed, accepted) step, for one row."""
+    state = controller.start(rows, torch.device("cpu"))
+    out = []
+    for proposed, accepted in steps:
+        state = controller.observe(state, torch.tensor([proposed] * rows), torch.tensor([accepted] * rows))
+        out.append(int(state.gamma[0]))
+    return out
+
+
+def test_gammatune_follows_its_window_by_hand():
+    """eta 0.5, delta 1, clips [1, 6], initial 4 (the text's expansion: A + delta enters the average)."""
+    controller = GammaTune(4, 0.5, 1, 1, 6, "text", 25)
+    steps = [(4, 4), (5, 1), (3, 0), (2, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)]
+    # averages: 4.5, 2.75, 1.375, 0.6875 -> 1 (clip), 1.5, 2.25, 3.125, 4.0625, 5.03125, 6.015625 -> 6 (clip)
+    assert run(controller, steps) == [5, 3, 2, 1, 2, 3, 4, 5, 6, 6]
+
+
+def test_gammatune_as_algorithm_1_is_printed_ignores_delta():
+    """Algorithm 1 sets gamma <- A + delta, then gamma <- ceil(gamma_bar): the expansion never shows."""
+    printed = GammaTune(4, 0.5, 3, 1, 6, "algorithm", 25)
+    assert run(printed, [(4, 4), (4, 4), (4, 2)]) == [4, 4, 3]
+    text = GammaTune(4, 0.5, 3, 1, 6, "text", 25)
+    assert run(text, [(4, 4), (6, 6)]) == [6, 6]  # 5.5 -> 6; 0.5*5.5 + 0.5*9 = 7.25 -> clip 6
+
+
+def test_gammatune_eta_1_is_the_last_count():
+    assert run(GammaTune(3, 1.0, 0, 1, 8, "text", 25), [(3, 2), (2, 2), (2, 0)]) == [2, 2, 1]
+
+
+def test_hf_heuristic_by_hand():
+    controller = HFHeuristic(4, 8, 25)
+    steps = [(4, 4), (6, 6), (8, 8), (8, 3), (7, 0), (6, 1), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0), (1, 1)]
+    assert run(controller, steps) == [6, 8, 8, 7, 6, 5, 4, 3, 2, 1, 1, 3]
+
+
+def draft_with(probs):
+    """A draft (B, H) whose drafted tokens have the drafter probabilities ``probs`` (B, H)."""
+    probs = torch.tensor(probs)
+    vocab = 4
+    logprobs = torch.full(probs.shape + (vocab,), 0.0)
+    logprobs[..., 0] = probs  # token 0 drafted with probability p, the rest shared
+    logprobs[..., 1:] = ((1 - probs) / (vocab - 1))[..., None]
+    return Draft(torch.zeros(probs.shape, dtype=torch.long), None, logprobs.log(), None)
+
+
+def test_assistant_threshold_ends_after_the_first_unsure_draft():
+    controller = AssistantThreshold(4, 0.4, 25)
+    draft = draft_with([[0.9, 0.5, 0.3, 0.9], [0.9, 0.9, 0.9, 0.9], [0.1, 0.9, 0.9, 0.9], [0.9, 0.9, 0.9, 0.39]])
+    assert controller.propose(controller.start(4, torch.device("cpu")), draft).tolist() == [3, 4, 1, 4]
+    lookup = Draft(torch.zeros(2, 4, dtype=torch.long))  # no distribution: sure
+    assert controller.propose(controller.start(2, torch.device("cpu")), lookup).tolist() == [4, 4]
+
+
+def test_gammatune_plus_cuts_its_window_at_the_first_unsure_draft():
+    controller = GammaTunePlus(3, 0.5, 1, 1, 6, "text", 25, threshold=0.5)
+    state = GammaState(torch.tensor([3, 2, 6]), torch.tensor([3.0, 2.0, 6.0]))
+    draft = draft_with([[0.9, 0.9, 0.9, 0.2, 0.9, 0.9], [0.4, 0.9, 0.9, 0.9, 0.9, 0.9], [0.9, 0.9, 0.9, 0.2, 0.9, 0.9]])
+    assert controller.propose(state, draft).tolist() == [3, 1, 4]
+    assert controller.budget(state).tolist() == [3, 2, 6]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: GammaTune(4, 0.0, 1, 1, 6, "text", 25), "--gammatune-eta: must be in (0, 1]"),
+    (lambda: GammaTune(4, 1.5, 1, 1, 6, "text", 25), "--gammatune-eta: must be in (0, 1]"),
+    (lambda: GammaTune(4, 0.5, -1, 1, 6, "text", 25), "--gammatune-delta: must be >= 0"),
+    (lambda: GammaTune(4, 0.5, 1, 7, 6, "text", 25), "--spec-k-min: must be in [1, 6]"),
+    (lambda: GammaTune(9, 0.5, 1, 1, 6, "text", 25), "--spec-k: must be in [1, 6]"),
+    (lambda: GammaTune(4, 0.5, 1, 1, 30, "text", 25), "--spec-k-max: must be in [1, 25]"),
+    (lambda: GammaTune(4, 0.5, 1, 1, 6, "both", 25), "--gammatune-expansion: unknown 'both'"),
+    (lambda: GammaTunePlus(4, 0.5, 1, 1, 6, "text", 25, threshold=1.5), "--draft-stop-threshold: must be in [0, 1]"),
+    (lambda: AssistantThreshold(4, -0.1, 25), "--draft-stop-threshold: must be in [0, 1]"),
+    (lambda: HFHeuristic(0, 8, 25), "--spec-k: must be in [1, 8]"),
+])
+def test_out_of_range_options_are_refused(make, message):
+    with pytest.raises(ValueError) as error:
+        make()
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@dataclass(frozen=True)
+class Tracked(GammaState):
+    ids: torch.Tensor  # (B,) the sentence each row decodes
+
+
+class TrackedGammaTune(GammaTune):
+    """GammaTune that records, per sentence, the gamma of each of its iterations."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen = {}
+
+    def start(self, rows, device):
+        state = super().start(rows, device)
+        return Tracked(state.gamma, state.average, torch.arange(rows, device=device))
+
+    def propose(self, state, draft):
+        for sentence, gamma in zip(state.ids.tolist(), state.gamma.tolist()):
+            self.seen.setdefault(sentence, []).append(gamma)
+        return super().propose(state, draft)
+
+
+class Asked(SpecDrafter):
+    """The Spec-Drafter, recording the horizon of every draft request."""
+
+    asked: list
+
+    def draft(self, state, tokens, lengths, request):
+        self.asked.append((request.horizon, tokens.size(0)))
+        return super().draft(state, tokens, lengths, request)
+
+
+def decode(spec_model, verifier, dictionary, src, src_lengths):
+    controller = TrackedGammaTune(3, 0.5, 1, 1, 5, "text", 8)
+    model = Asked(spec_model)
+    model.asked = []
+    # history lookups in front: the tiny verifier repeats itself, so rows accept different
+    # numbers of lookup drafts and reach the length limit at different iterations
+    drafter = Fallback(HistoryNgram(1), model)
+    rules = LengthRules(max_len_b=16, max_positions=verifier.max_decoder_positions())
+    gen = SpeculativeGenerator(verifier, drafter, dictionary, controller, Exact(), ConfidenceSpec(), rules)
+    ids = torch.arange(src.size(0))
+    hypotheses, _ = gen.decode({"id": ids, "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    return hypotheses, controller.seen, model.asked
+
+
+def test_each_row_gets_the_gamma_it_would_have_alone():
+    spec_model, verifier, dictionary = tiny_drafter(seed=4)
+    src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(3), bsz=4)
+    hypotheses, together, asked = decode(spec_model, verifier, dictionary, src, src_lengths)
+    steps = [h[0]["steps"] for h in hypotheses]
+    assert len(set(steps)) > 1, "the rows should finish at different iterations"
+    assert len({tuple(g) for g in together.values()}) > 1, "the rows should follow different windows"
+    for row in range(src.size(0)):
+        alone_hyps, alone, _ = decode(spec_model, verifier, dictionary, src[row:row + 1],
+                                      src_lengths[row:row + 1])
+        assert alone[0] == together[row], row
+        assert alone_hyps[0][0]["tokens"].tolist() == hypotheses[row][0]["tokens"].tolist()
+    # the drafter was asked for the largest gamma among the rows still decoding, never more
+    assert all(horizon <= 5 for horizon, _ in asked) and any(horizon < 5 for horizon, _ in asked)
