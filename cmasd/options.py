@@ -84,6 +84,15 @@ class SpeculativeDecodingConfig(FairseqDataclass):
                   "text); algorithm: Algorithm 1 as printed, whose gamma <- A + delta is overwritten at once (delta "
                   "has no effect)"},
     )
+    spec_idle_below: float = field(
+        default=0.0,
+        metadata={"help": "cmasd, gammatune, gammatune-plus: a row whose moving average of accepted drafts per drafting "
+                  "iteration falls below this drafts nothing (the verifier alone) for --spec-probe-every "
+                  "iterations, then probes again; 0: off"},
+    )
+    spec_probe_every: int = field(
+        default=8, metadata={"help": "iterations a row drafts nothing before it probes again (--spec-idle-below)"}
+    )
     draft_stop_threshold: float = field(
         default=0.4,
         metadata={"help": "gammatune-plus, assistant-threshold: a draft ends after its first token whose drafter "

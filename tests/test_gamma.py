@@ -17,7 +17,17 @@ from cmasd.drafters.ngram import HistoryNgram
 from cmasd.drafters.spec_drafter import SpecDrafter
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
-from cmasd.verification.history import AssistantThreshold, GammaState, GammaTune, GammaTunePlus, HFHeuristic
+from cmasd.verification.base import NO_ROW_STATE
+from cmasd.verification.controllers import ConfidenceScaled
+from cmasd.verification.history import (
+    AssistantThreshold,
+    ConfidenceInWindow,
+    GammaState,
+    GammaTune,
+    GammaTunePlus,
+    HFHeuristic,
+    Idle,
+)
 
 
 def run(controller, steps, rows=1):
@@ -102,7 +112,7 @@ def test_out_of_range_options_are_refused(make, message):
 
 @dataclass(frozen=True)
 class Tracked(GammaState):
-    ids: torch.Tensor  # (B,) the sentence each row decodes
+    ids: torch.Tensor = None  # (B,) the sentence each row decodes
 
 
 class TrackedGammaTune(GammaTune):
@@ -114,7 +124,7 @@ class TrackedGammaTune(GammaTune):
 
     def start(self, rows, device):
         state = super().start(rows, device)
-        return Tracked(state.gamma, state.average, torch.arange(rows, device=device))
+        return Tracked(state.gamma, state.average, state.idle, torch.arange(rows, device=device))
 
     def propose(self, state, draft):
         for sentence, gamma in zip(state.ids.tolist(), state.gamma.tolist()):
@@ -160,3 +170,52 @@ def test_each_row_gets_the_gamma_it_would_have_alone():
         assert alone_hyps[0][0]["tokens"].tolist() == hypotheses[row][0]["tokens"].tolist()
     # the drafter was asked for the largest gamma among the rows still decoding, never more
     assert all(horizon <= 5 for horizon, _ in asked) and any(horizon < 5 for horizon, _ in asked)
+
+
+def budgets(controller, steps):
+    """The budget before each step and the state after it, for one row: steps give the
+    accepted count of each iteration; the row sends its whole budget."""
+    state = controller.start(1, torch.device("cpu"))
+    out = []
+    for accepted in steps:
+        budget = controller.budget(state)
+        out.append(int(budget[0]))
+        sent = budget.clone()
+        state = controller.observe(state, sent, torch.minimum(torch.tensor([accepted]), sent))
+    return out
+
+
+def test_a_row_whose_drafts_do_not_pay_drafts_nothing_then_probes():
+    """GammaTune with --spec-idle-below 1 --spec-probe-every 2, initial gamma 4: the moving
+    average of accepted drafts (weight 1/2, from 4) goes 2, 1, 0.5 -> idle for two
+    iterations (budget 0), a probe at gamma 1 that accepts 1 (average 0.75): idle again;
+    later probes that accept everything bring the row back."""
+    controller = GammaTune(4, 0.5, 1, 1, 6, "text", 25, Idle(1.0, 2))
+    assert budgets(controller, [0, 0, 0, 0, 0, 1, 0, 0, 2, 3, 4]) == [4, 2, 1, 0, 0, 1, 0, 0, 2, 3, 4]
+
+
+def test_cmasd_controller_idles_too():
+    controller = ConfidenceScaled(1, 4, 1.0, 25, Idle(1.0, 3))
+    assert budgets(controller, [0, 0, 0, 0, 0, 4, 4]) == [4, 4, 4, 0, 0, 0, 4]
+    assert ConfidenceScaled(1, 4, 1.0, 25).budget(NO_ROW_STATE) is None  # off: as before
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Idle(-1.0, 2), "--spec-idle-below: must be >= 0"),
+    (lambda: Idle(1.0, 0), "--spec-probe-every: must be >= 1"),
+])
+def test_idle_options_are_checked(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_cmasd_gammatune_scales_its_window_by_confidence():
+    """gamma 4, 2, 6; confidence 1 everywhere, 0.5 over the first gamma, 0 (k_min 1)."""
+    controller = ConfidenceInWindow(3, 0.5, 1, 1, 6, "text", 25, alpha=1.0)
+    state = GammaState(torch.tensor([4, 2, 6]), torch.tensor([4.0, 2.0, 6.0]))
+    confidence = torch.tensor([[1.0] * 6, [0.5, 0.5, 0.0, 0.0, 0.0, 0.0], [0.0] * 6])
+    draft = Draft(torch.zeros(3, 6, dtype=torch.long), None, None, confidence)
+    assert controller.propose(state, draft).tolist() == [4, 1, 1]
+    state = GammaState(torch.tensor([6]), torch.tensor([6.0]))
+    draft = Draft(torch.zeros(1, 6, dtype=torch.long), None, None, torch.tensor([[0.9, 0.9, 0.9, 0.5, 0.5, 0.5]]))
+    assert controller.propose(state, draft).tolist() == [4]  # floor(0.7 * 6)

@@ -215,6 +215,13 @@ HISTORY_CONTROLLERS = {
                                     "--spec-k-max", "10"],
     "assistant-threshold-autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-controller",
                                                      "assistant-threshold", "--spec-k", "5"],
+    "cmasd-gammatune-spec": lambda d: ["--drafter-path", d["spec"], "--spec-controller", "cmasd-gammatune",
+                                       "--spec-k", "4", "--spec-k-max", "8", "--spec-draft-block", "8"],
+    # rows that idle (draft nothing) for a while, then probe
+    "gammatune-idle-spec": lambda d: ["--drafter-path", d["spec"], "--spec-controller", "gammatune", "--spec-k", "6",
+                                      "--spec-idle-below", "2", "--spec-probe-every", "3"],
+    "cmasd-idle-autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-controller", "cmasd", "--spec-k-max",
+                                            "5", "--spec-idle-below", "2.5", "--spec-probe-every", "2"],
 }
 
 

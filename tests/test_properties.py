@@ -36,6 +36,8 @@ options = st.fixed_dictionaries({
     "gammatune_delta": st.integers(0, 3),
     "gammatune_expansion": st.sampled_from(["text", "algorithm"]),
     "draft_stop_threshold": st.floats(0.0, 1.0),
+    "spec_idle_below": st.sampled_from([0.0, 0.5, 2.0]),
+    "spec_probe_every": st.integers(1, 4),
     "spec_controller": st.just("a history controller"),
 })
 

@@ -238,6 +238,7 @@ CONTROLLER_CASES = {
     "cmasd": lambda: CONTROLLERS["cmasd"](1, 25, 1.0, 25),
     "gammatune": lambda: CONTROLLERS["gammatune"](4, 0.5, 1, 1, 8, "text", 25),
     "gammatune-plus": lambda: CONTROLLERS["gammatune-plus"](4, 0.5, 1, 1, 8, "text", 25, threshold=0.4),
+    "cmasd-gammatune": lambda: CONTROLLERS["cmasd-gammatune"](4, 0.5, 1, 1, 8, "text", 25, alpha=1.0),
     "hf-heuristic": lambda: CONTROLLERS["hf-heuristic"](4, 8, 25),
     "assistant-threshold": lambda: CONTROLLERS["assistant-threshold"](6, 0.4, 25),
 }

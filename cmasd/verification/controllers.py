@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
-from cmasd.verification.base import Controller, Needs, RowState, within
-from cmasd.verification.history import HISTORY_CONTROLLERS
+from cmasd.verification.base import NO_ROW_STATE, Controller, Needs, RowState, within
+from cmasd.verification.history import HISTORY_CONTROLLERS, Idle
 
 
 class Fixed(Controller):
@@ -47,12 +47,13 @@ class ConfidenceScaled(Controller):
 
     needs = Needs(confidence=True)
 
-    def __init__(self, k_min: int, k_max: int, alpha: float, limit: Optional[int]):
+    def __init__(self, k_min: int, k_max: int, alpha: float, limit: Optional[int], idle: Optional[Idle] = None):
         within("--spec-k-max", k_max, 1, limit)
         within("--spec-k-min", k_min, 1, k_max, what=f"up to --spec-k-max={k_max}")
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
         self.k_min, self.k_max, self.alpha = k_min, k_max, alpha
+        self.idle = idle
         self.horizon = k_max
 
     @classmethod
@@ -61,12 +62,27 @@ class ConfidenceScaled(Controller):
         if k_max is None:
             raise ValueError("--spec-k-max: required with --spec-controller cmasd when the drafter has no block "
                              "of its own (an autoregressive draft model, lookups alone)")
-        return cls(cfg.spec_k_min, k_max, cfg.cmasd_alpha, limit)
+        return cls(cfg.spec_k_min, k_max, cfg.cmasd_alpha, limit, Idle.from_config(cfg))
+
+    def start(self, rows: int, device: torch.device) -> RowState:
+        return NO_ROW_STATE if self.idle is None else self.idle.start(rows, self.k_max, device)
+
+    def budget(self, state: RowState) -> Optional[Tensor]:
+        """With ``--spec-idle-below``: 0 for the rows that draft nothing for now."""
+        if self.idle is None:
+            return None
+        return Idle.budget(state, torch.full_like(state.idle, self.k_max))
 
     def propose(self, state: RowState, draft: Draft) -> Tensor:
+        if draft.tokens.size(1) == 0:  # every row idle: nothing was drafted
+            return torch.zeros(draft.tokens.shape[:1], dtype=torch.long, device=draft.tokens.device)
         mean = draft.confidence[:, : self.k_max].mean(dim=1)  # (B,)
-        k = torch.floor(self.alpha * mean * self.k_max).long()  # (B,)
-        return k.clamp(min=self.k_min, max=self.k_max)
+        k = torch.floor(self.alpha * mean * self.k_max).long().clamp(min=self.k_min, max=self.k_max)  # (B,)
+        budget = self.budget(state)
+        return k if budget is None else torch.minimum(k, budget)
+
+    def observe(self, state: RowState, proposed: Tensor, accepted: Tensor) -> RowState:
+        return state if self.idle is None else self.idle.observe(state, proposed, accepted)
 
 
 CONTROLLERS: Dict[str, type] = {"fixed": Fixed, "cmasd": ConfidenceScaled, **HISTORY_CONTROLLERS}

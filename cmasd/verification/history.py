@@ -13,6 +13,8 @@ drafter's probability of what it drafted (the contract: ``cmasd.verification.bas
   eta 0.5, delta 1, and the clips of ``--spec-k-min`` / ``--spec-k-max``.
 * ``gammatune-plus``: GammaTune+ (Sec. 4.2): GammaTune, and the draft ends at the first
   position whose drafter probability is below tau (``--draft-stop-threshold``).
+* ``cmasd-gammatune``: CM-ASD + history, cmasd's combination: GammaTune's window caps
+  the draft, CM-ASD's confidence scales it inside the window.
 * ``hf-heuristic``: Hugging Face assisted generation's ``num_assistant_tokens_schedule=
   "heuristic"``: gamma + 2 after a fully accepted draft, else max(1, gamma - 1).
 * ``assistant-threshold``: Hugging Face's ``assistant_confidence_threshold``: up to
@@ -61,16 +63,71 @@ def until_unsure(draft: Draft, gamma: Tensor, threshold: float) -> Tensor:
 
 
 @dataclass(frozen=True)
+class IdleState(RowState):
+    """Per row: the moving average of the drafts accepted per drafting iteration, and how
+    many more iterations the row drafts nothing."""
+
+    payoff: Tensor  # (B,) float
+    idle: Tensor  # (B,) long
+
+
+class Idle:
+    """Drafting nothing where drafting does not pay, per row (``--spec-idle-below``,
+    ``--spec-probe-every``): a row whose moving average of accepted drafts per drafting
+    iteration (weight 1/2, starting at the controller's initial length) falls below
+    ``below`` drafts nothing (k = 0: the verifier alone, one token per iteration) for
+    ``every`` iterations, then probes once with its usual draft length; the probe's count
+    updates the average. ``below`` 0 is off. (SGLang's adaptive speculation has
+    zero-length steps for the same reason.)"""
+
+    WEIGHT = 0.5
+
+    def __init__(self, below: float, every: int):
+        if not below >= 0.0:
+            raise ValueError(f"--spec-idle-below: must be >= 0 (0: off), got {below:g}")
+        if every < 1:
+            raise ValueError(f"--spec-probe-every: must be >= 1, got {every}")
+        self.below, self.every = below, every
+
+    @classmethod
+    def from_config(cls, cfg) -> Optional["Idle"]:
+        """The rule of the options; None when ``--spec-idle-below`` is 0."""
+        idle = cls(cfg.spec_idle_below, cfg.spec_probe_every)
+        return idle if idle.below > 0 else None
+
+    def start(self, rows: int, start: float, device: torch.device) -> IdleState:
+        return IdleState(torch.full((rows,), float(start), device=device),
+                         torch.zeros(rows, dtype=torch.long, device=device))
+
+    @staticmethod
+    def budget(state: IdleState, budget: Tensor) -> Tensor:
+        """``budget`` (B,), 0 for the idle rows."""
+        return budget.masked_fill(state.idle > 0, 0)
+
+    def observe(self, state: IdleState, proposed: Tensor, accepted: Tensor) -> IdleState:
+        drafted = proposed > 0  # (B,) an iteration that tells whether drafting pays
+        payoff = torch.where(drafted, (1 - self.WEIGHT) * state.payoff + self.WEIGHT * accepted.float(), state.payoff)
+        stop = drafted & (payoff < self.below)  # (B,) go idle
+        idle = torch.where(stop, torch.full_like(state.idle, self.every), (state.idle - 1).clamp(min=0))  # (B,)
+        return IdleState(payoff, idle)
+
+
+@dataclass(frozen=True)
 class GammaState(RowState):
     gamma: Tensor  # (B,) long: the draft length of the next iteration
     average: Tensor  # (B,) float: gamma_bar
+    idle: Optional[IdleState] = None  # drafting nothing where it does not pay (``Idle``)
+
+    def select(self, rows: Tensor) -> "GammaState":
+        kept = super().select(rows)
+        return kept if self.idle is None else replace(kept, idle=self.idle.select(rows))
 
 
 class GammaTune(Controller):
     """GammaTune's window (see the module docstring)."""
 
     def __init__(self, initial: int, eta: float, delta: int, gamma_min: int, gamma_max: int, expansion: str,
-                 limit: Optional[int]):
+                 limit: Optional[int], idle: Optional[Idle] = None):
         within("--spec-k-max", gamma_max, 1, limit)
         within("--spec-k-min", gamma_min, 1, gamma_max, what=f"up to --spec-k-max={gamma_max}")
         within("--spec-k", initial, gamma_min, gamma_max, what=f"the initial gamma, in [--spec-k-min, --spec-k-max]")
@@ -82,23 +139,31 @@ class GammaTune(Controller):
             raise ValueError(f"--gammatune-expansion: unknown {expansion!r}; choose {' or '.join(EXPANSIONS)}")
         self.initial, self.eta, self.delta = initial, eta, delta
         self.gamma_min, self.gamma_max, self.expansion = gamma_min, gamma_max, expansion
+        self.idle = idle
         self.horizon = gamma_max
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "GammaTune":
-        return cls(*gamma_options(cfg, limit), limit)
+        return cls(*gamma_options(cfg, limit), limit, Idle.from_config(cfg))
 
     def start(self, rows: int, device: torch.device) -> GammaState:
+        idle = None if self.idle is None else self.idle.start(rows, self.initial, device)
         return GammaState(torch.full((rows,), self.initial, dtype=torch.long, device=device),
-                          torch.full((rows,), float(self.initial), device=device))
+                          torch.full((rows,), float(self.initial), device=device), idle)
 
     def budget(self, state: GammaState) -> Tensor:
-        return state.gamma
+        return state.gamma if state.idle is None else Idle.budget(state.idle, state.gamma)
 
     def propose(self, state: GammaState, draft: Draft) -> Tensor:
-        return state.gamma
+        return self.budget(state)
 
     def observe(self, state: GammaState, proposed: Tensor, accepted: Tensor) -> GammaState:
+        if state.idle is not None:
+            idle = self.idle.observe(state.idle, proposed, accepted)
+            window = self.observe(replace(state, idle=None), proposed, accepted)
+            waiting = proposed == 0  # (B,) an idle row's window waits for its next probe
+            return replace(state, gamma=torch.where(waiting, state.gamma, window.gamma),
+                           average=torch.where(waiting, state.average, window.average), idle=idle)
         gained = accepted.float()  # (B,) A
         if self.expansion == "text":  # a fully accepted draft counts delta more
             gained = torch.where((accepted == proposed) & (proposed > 0), gained + self.delta, gained)
@@ -128,10 +193,41 @@ class GammaTunePlus(GammaTune):
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "GammaTunePlus":
-        return cls(*gamma_options(cfg, limit), limit, threshold=cfg.draft_stop_threshold)
+        return cls(*gamma_options(cfg, limit), limit, Idle.from_config(cfg), threshold=cfg.draft_stop_threshold)
 
     def propose(self, state: GammaState, draft: Draft) -> Tensor:
-        return until_unsure(draft, state.gamma, self.threshold)
+        return until_unsure(draft, self.budget(state), self.threshold)
+
+
+class ConfidenceInWindow(GammaTune):
+    """CM-ASD + history (``cmasd-gammatune``, cmasd's design): GammaTune's window gamma,
+    learnt from the accepted counts, caps the draft; CM-ASD's confidence scales it inside:
+    k = min(gamma, max(k_min, floor(alpha * C * gamma))), C the drafter's mean confidence
+    over the row's first gamma drafted positions. History says how far drafting has paid
+    lately; confidence says whether this particular draft looks like it will."""
+
+    needs = Needs(confidence=True)
+
+    def __init__(self, *args, alpha: float):
+        super().__init__(*args)
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
+        self.alpha = alpha
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "ConfidenceInWindow":
+        return cls(*gamma_options(cfg, limit), limit, Idle.from_config(cfg), alpha=cfg.cmasd_alpha)
+
+    def propose(self, state: GammaState, draft: Draft) -> Tensor:
+        gamma = self.budget(state)  # (B,)
+        width = draft.tokens.size(1)
+        if width == 0:
+            return gamma
+        positions = torch.arange(width, device=gamma.device)  # (H,)
+        inside = (positions[None, :] < gamma[:, None]).float()  # (B, H)
+        mean = (draft.confidence * inside).sum(dim=1) / inside.sum(dim=1).clamp(min=1.0)  # (B,)
+        k = torch.floor(self.alpha * mean * gamma).long().clamp(min=self.gamma_min)  # (B,)
+        return torch.minimum(k, gamma)
 
 
 @dataclass(frozen=True)
@@ -194,6 +290,7 @@ class AssistantThreshold(Controller):
 HISTORY_CONTROLLERS: Dict[str, type] = {
     "gammatune": GammaTune,
     "gammatune-plus": GammaTunePlus,
+    "cmasd-gammatune": ConfidenceInWindow,
     "hf-heuristic": HFHeuristic,
     "assistant-threshold": AssistantThreshold,
 }
