@@ -11,15 +11,18 @@ drafter's probability of what it drafted (the contract: ``cmasd.verification.bas
   and then overwrites gamma with ceil(gamma_bar) on the next line, so delta has no effect
   (``algorithm``). It gives no values for eta, delta or the clips; cmasd's defaults are
   eta 0.5, delta 1, and the clips of ``--spec-k-min`` / ``--spec-k-max``.
-* ``gammatune-plus``: GammaTune+ (Sec. 4.2): GammaTune, and the draft ends at the first
-  position whose drafter probability is below tau (``--draft-stop-threshold``).
+* ``gammatune-plus``: GammaTune+ (Sec. 4.2): GammaTune, and the draft ends after the
+  first position whose drafter probability is below tau (``--draft-stop-threshold``).
 * ``cmasd-gammatune``: CM-ASD + history, cmasd's combination: GammaTune's window caps
   the draft, CM-ASD's confidence scales it inside the window.
 * ``hf-heuristic``: Hugging Face assisted generation's ``num_assistant_tokens_schedule=
   "heuristic"``: gamma + 2 after a fully accepted draft, else max(1, gamma - 1).
 * ``assistant-threshold``: Hugging Face's ``assistant_confidence_threshold``: up to
-  gamma drafts, ending at the first whose drafter probability is below the threshold
+  gamma drafts, ending after the first whose drafter probability is below the threshold
   (0.4, transformers v5's default).
+* ``Idle`` (``--spec-idle-below``, ``--spec-probe-every``; for ``cmasd``, ``gammatune``,
+  ``gammatune-plus`` and ``cmasd-gammatune``): a row whose drafts stop paying drafts
+  nothing for a while, then probes again.
 
 A drafted position whose probability is below the threshold is still sent (Hugging
 Face's stopping criterion checks the token it has just drafted): the draft ends *after*
