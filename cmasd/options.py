@@ -304,7 +304,6 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         if n < 0:
             raise ValueError(f"{option}: must be >= 0 (0: off), got {n}")
     refuse_unsupported(gen_cfg)
-    Sampling(gen_cfg.temperature, gen_cfg.sampling_topk, gen_cfg.sampling_topp)  # checks the values even unused
     sampling = Sampling.from_generation(gen_cfg)
     verifier, tgt_dict = models[0], task.target_dictionary
     kind = None

@@ -160,3 +160,13 @@ def within(option: str, value: int, low: int, limit: Optional[int], what: str = 
             raise ValueError(f"{option}: must be >= {low}, got {value}")
     elif not low <= value <= limit:
         raise ValueError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")
+
+
+def largest_k(cfg, limit: Optional[int]) -> int:
+    """``--spec-k-max``, or the drafter's block ``limit`` when it is not given; refused
+    when neither is (a drafter without a block of its own)."""
+    k_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
+    if k_max is None:
+        raise ValueError(f"--spec-k-max: required with --spec-controller {cfg.spec_controller} when the drafter has "
+                         "no block of its own (an autoregressive draft model, lookups alone)")
+    return k_max

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
-from cmasd.verification.base import NO_ROW_STATE, Controller, Needs, RowState, within
+from cmasd.verification.base import NO_ROW_STATE, Controller, Needs, RowState, largest_k, within
 from cmasd.verification.history import HISTORY_CONTROLLERS, Idle
 
 
@@ -58,11 +58,7 @@ class ConfidenceScaled(Controller):
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "ConfidenceScaled":
-        k_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
-        if k_max is None:
-            raise ValueError("--spec-k-max: required with --spec-controller cmasd when the drafter has no block "
-                             "of its own (an autoregressive draft model, lookups alone)")
-        return cls(cfg.spec_k_min, k_max, cfg.cmasd_alpha, limit, Idle.from_config(cfg))
+        return cls(cfg.spec_k_min, largest_k(cfg, limit), cfg.cmasd_alpha, limit, Idle.from_config(cfg))
 
     def start(self, rows: int, device: torch.device) -> RowState:
         return NO_ROW_STATE if self.idle is None else self.idle.start(rows, self.k_max, device)

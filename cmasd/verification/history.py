@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
-from cmasd.verification.base import Controller, Needs, RowState, within
+from cmasd.verification.base import Controller, Needs, RowState, largest_k, within
 
 EXPANSIONS = ("text", "algorithm")
 
@@ -177,11 +177,8 @@ class GammaTune(Controller):
 
 def gamma_options(cfg, limit: Optional[int]):
     """(initial gamma, eta, delta, gamma_min, gamma_max, expansion) of the options."""
-    gamma_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
-    if gamma_max is None:
-        raise ValueError(f"--spec-k-max: required with --spec-controller {cfg.spec_controller} when the drafter has "
-                         "no block of its own (an autoregressive draft model, lookups alone)")
-    return cfg.spec_k, cfg.gammatune_eta, cfg.gammatune_delta, cfg.spec_k_min, gamma_max, cfg.gammatune_expansion
+    return (cfg.spec_k, cfg.gammatune_eta, cfg.gammatune_delta, cfg.spec_k_min, largest_k(cfg, limit),
+            cfg.gammatune_expansion)
 
 
 class GammaTunePlus(GammaTune):
@@ -249,11 +246,7 @@ class HFHeuristic(Controller):
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "HFHeuristic":
-        gamma_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
-        if gamma_max is None:
-            raise ValueError("--spec-k-max: required with --spec-controller hf-heuristic when the drafter has no block "
-                             "of its own (an autoregressive draft model, lookups alone)")
-        return cls(cfg.spec_k, gamma_max, limit)
+        return cls(cfg.spec_k, largest_k(cfg, limit), limit)
 
     def start(self, rows: int, device: torch.device) -> LengthState:
         return LengthState(torch.full((rows,), self.initial, dtype=torch.long, device=device))

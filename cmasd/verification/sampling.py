@@ -117,10 +117,10 @@ class Sampling:
 
     @classmethod
     def from_generation(cls, gen_cfg) -> Optional["Sampling"]:
-        """The sampling of fairseq's generation options, None without ``--sampling``."""
-        if not gen_cfg.sampling:
-            return None
-        return cls(gen_cfg.temperature, gen_cfg.sampling_topk, gen_cfg.sampling_topp)
+        """The sampling of fairseq's generation options, None without ``--sampling`` (the
+        values are checked either way)."""
+        sampling = cls(gen_cfg.temperature, gen_cfg.sampling_topk, gen_cfg.sampling_topp)
+        return sampling if gen_cfg.sampling else None
 
     def truncate(self, lprobs: Tensor) -> Tensor:
         """fairseq's top-p or top-k truncation of ``lprobs`` (..., V): the tokens it would
