@@ -178,6 +178,44 @@ def test_autoregressive_cached_drafting_equals_recomputation(layers):
     assert state.cache.capacity > 6
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.7, 0.71, 1.0])
+def test_autoregressive_drafter_stops_once_every_row_is_unsure(threshold):
+    """With ``stop_below`` the draft model stops after the step at which the last row
+    drafted its first token below the threshold: the same tokens up to there, the rest
+    marked invalid, fewer decoder steps, and the thresholded controllers send the same."""
+    from cmasd.verification.history import until_unsure
+
+    spec_model, verifier, dictionary = tiny_drafter()
+    drafter = AutoregressiveDrafter(draft_model(verifier, dictionary), "native", shares_encoder=True)
+    gen = torch.Generator().manual_seed(11)
+    bsz, horizon = 4, 6
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    lengths = torch.tensor([1, 3, 2, 5])
+    tokens = prefixes(dictionary, gen, bsz, 20, lengths)
+    calls = []
+    score = drafter.scorer.score
+    drafter.scorer.score = lambda *a: calls.append(1) or score(*a)
+
+    def draft(request):
+        calls.clear()
+        state = drafter.start(Source(src, src_lengths, encoder_out), 20)
+        out, _ = drafter.draft(state, tokens, lengths, request)
+        return out, len(calls)
+
+    full, full_calls = draft(DraftRequest(horizon, logprobs=True))
+    cut, cut_calls = draft(DraftRequest(horizon, logprobs=True, stop_below=threshold))
+    prob = full.logprobs.gather(-1, full.tokens[..., None]).squeeze(-1).exp()  # (B, H)
+    unsure = prob < threshold
+    first = torch.where(unsure.any(1), unsure.long().argmax(1) + 1, horizon + 1)  # (B,)
+    made = min(int(first.max()), horizon)  # the steps it must draft
+    assert cut_calls == full_calls - (horizon - made)
+    assert torch.equal(cut.offered(), torch.full((bsz,), made))
+    assert torch.equal(cut.tokens[:, :made], full.tokens[:, :made])
+    gamma = torch.full((bsz,), horizon)
+    assert torch.equal(torch.minimum(until_unsure(cut, gamma, threshold), cut.offered()),
+                       until_unsure(full, gamma, threshold))
+
+
 def random_word(dictionary, gen):
     return torch.randint(dictionary.nspecial, len(dictionary), (1,), generator=gen)
 

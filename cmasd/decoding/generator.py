@@ -140,7 +140,7 @@ class SpeculativeGenerator:
         self.horizon = controller.horizon
         needs = controller.needs | acceptance.needs
         self.request = DraftRequest(self.horizon, confidence if needs.confidence else None, needs.draft_logprobs,
-                                    sampling)
+                                    sampling, stop_below=controller.stop_below)
         self.sampling = sampling
         self.random = needs.randomness or sampling is not None
         self.seed = seed  # with the sentence ids, of every uniform (--seed)

@@ -53,6 +53,15 @@ def same_encoder(model, verifier) -> bool:
     return all(mine[k].shape == theirs[k].shape and torch.equal(mine[k], theirs[k].to(mine[k])) for k in mine)
 
 
+def probability(scores: Tensor, token: Tensor, logits: bool) -> Tensor:
+    """The probability (B,) of ``token`` (B,) under ``scores`` (B, V): log-probabilities,
+    or with ``logits`` raw logits."""
+    chosen = scores.float().gather(1, token[:, None]).squeeze(1)  # (B,)
+    if logits:
+        chosen = chosen - torch.logsumexp(scores.float(), dim=1)
+    return chosen.exp()
+
+
 class AutoregressiveDrafter(ModelDrafter):
     """A fairseq Transformer drafting one token at a time with its own cache."""
 
@@ -88,7 +97,8 @@ class AutoregressiveDrafter(ModelDrafter):
     @torch.no_grad()
     def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
         """Feed each row's tokens from its cached length to its accepted length, then draft
-        ``request.horizon`` tokens one at a time."""
+        ``request.horizon`` tokens one at a time (fewer when every row has drafted a token
+        below ``request.stop_below``)."""
         bsz, width = tokens.shape
         # every row feeds its last ``fed`` tokens (rows with fewer recompute some cached
         # ones, which is harmless), so each row's last accepted token sits at one index
@@ -99,14 +109,27 @@ class AutoregressiveDrafter(ModelDrafter):
         last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V)
         uniforms = request.uniforms()  # (B, H) or None
         steps, drafted, dists = [], [], []
+        unsure = torch.zeros(bsz, dtype=torch.bool, device=tokens.device)  # (B,) drafted a token below stop_below
         for i in range(request.horizon):
             token, dist = choose(last, request, self.padding_idx, None if uniforms is None else uniforms[:, i])
             steps.append(last)  # (B, V)
             drafted.append(token)  # (B,)
             dists.append(dist)  # (B, V) or None
+            if request.stop_below is not None:
+                unsure |= probability(last if dist is None else dist, token, dist is None) < request.stop_below
+                if bool(unsure.all()):
+                    break
             if i + 1 < request.horizon:
                 last = self.scorer.score(state.cache, token[:, None], lengths + i)[:, 0]  # (B, V)
+        made = len(drafted)
+        valid = None
+        if made < request.horizon:  # stopped early: the positions after are never sent
+            valid = torch.full((bsz,), made, dtype=torch.long, device=tokens.device)
+            for column in (steps, drafted, dists):
+                column.extend(column[-1:] * (request.horizon - made))
         logprobs = None if dists[0] is None else torch.stack(dists, dim=1)  # (B, H, V)
         draft = model_draft(torch.stack(steps, dim=1), request, self.padding_idx,
                             (torch.stack(drafted, dim=1), logprobs))  # (B, H, V), (B, H)
+        if valid is not None:
+            draft = replace(draft, valid=valid)
         return draft, replace(state, cached=lengths)

@@ -21,7 +21,8 @@ A drafter
   it returns is always the one its tokens came from (``choose``).
 
 A ``Draft`` holds the drafted tokens (B, H), how many leading ones each row may send
-(``valid``; None: all H), and, when ``request`` asks for them, the log-probabilities the
+(``valid``; None: all H; a draft that stopped early at ``request.stop_below`` is valid up
+to where it stopped), and, when ``request`` asks for them, the log-probabilities the
 tokens were chosen from (B, H, V) and the drafter's confidence in each token (B, H). A
 model-free drafter (an n-gram lookup) has no distribution: its ``logprobs`` stay None,
 its tokens are a point mass. ``served`` names the rows a lookup drafted, for the
@@ -61,6 +62,11 @@ class DraftRequest:
     logprobs: bool = False
     sampling: Optional[Sampling] = None  # draw the tokens under these options (None: argmax)
     random: Optional[RowRandom] = None  # this iteration's uniforms (set with ``sampling``)
+    # A drafter that drafts one token at a time may stop once every row has drafted a
+    # token whose probability (in the distribution it was chosen from) is below this: the
+    # controller ends each row's draft after that token (``Controller.stop_below``), so the
+    # steps after it would be wasted. It then marks the positions it did not draft invalid.
+    stop_below: Optional[float] = None
 
     def uniforms(self) -> Optional[Tensor]:
         """The uniforms of the draws of this draft, (B, horizon); None without sampling."""

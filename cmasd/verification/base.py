@@ -125,6 +125,13 @@ class Controller(abc.ABC):
 
     needs: Needs = Needs()
     horizon: int
+    # A controller that ends each row's draft after the first drafted token whose drafter
+    # probability is below a threshold says so here: a drafter that drafts step by step
+    # then stops once every row has such a token (``DraftRequest.stop_below``).
+    stop_below: Optional[float] = None
+    # The option that sets the draft length a row starts with (for a controller without
+    # history, the most it sends): the "initial gamma" of cmasd-bench --sweep-gamma.
+    initial_length_option: str = "spec_k"
 
     @classmethod
     @abc.abstractmethod

@@ -46,6 +46,7 @@ class ConfidenceScaled(Controller):
     k_j = min(k_max, max(k_min, floor(alpha * mean(C_{j+1..j+k_max}) * k_max)))."""
 
     needs = Needs(confidence=True)
+    initial_length_option = "spec_k_max"
 
     def __init__(self, k_min: int, k_max: int, alpha: float, limit: Optional[int], idle: Optional[Idle] = None):
         within("--spec-k-max", k_max, 1, limit)

@@ -189,7 +189,7 @@ class GammaTunePlus(GammaTune):
 
     def __init__(self, *args, threshold: float):
         super().__init__(*args)
-        self.threshold = check_threshold(threshold)
+        self.threshold = self.stop_below = check_threshold(threshold)
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "GammaTunePlus":
@@ -272,6 +272,7 @@ class AssistantThreshold(Controller):
     def __init__(self, gamma: int, threshold: float, limit: Optional[int]):
         within("--spec-k", gamma, 1, limit)
         self.gamma, self.threshold = gamma, check_threshold(threshold)
+        self.stop_below = self.threshold
         self.horizon = gamma
 
     @classmethod
