@@ -85,13 +85,14 @@ class SpeculativeDecodingConfig(FairseqDataclass):
                   "has no effect)"},
     )
     spec_idle_below: float = field(
-        default=0.0,
-        metadata={"help": "cmasd, gammatune, gammatune-plus: a row whose moving average of accepted drafts per drafting "
-                  "iteration falls below this drafts nothing (the verifier alone) for --spec-probe-every "
-                  "iterations, then probes again; 0: off"},
+        default=1.0,
+        metadata={"help": "cmasd, gammatune, gammatune-plus, cmasd-gammatune: a row whose moving average of accepted "
+                  "drafts per drafting iteration falls below this drafts nothing (the verifier alone) until its "
+                  "iteration count reaches the next multiple of its probe period, then probes; 0: off"},
     )
     spec_probe_every: int = field(
-        default=8, metadata={"help": "iterations a row drafts nothing before it probes again (--spec-idle-below)"}
+        default=16, metadata={"help": "the first probe period of --spec-idle-below, in iterations; it doubles after "
+                              "each probe that does not pay and resets when drafting pays again"}
     )
     draft_stop_threshold: float = field(
         default=0.4,

@@ -5,6 +5,7 @@ contain and that lossless decoding is lossless. Speed is never asserted."""
 import json
 import math
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -358,6 +359,72 @@ def test_sampled_bench_has_a_pass_per_seed_and_rates(sampling_json):
 def test_sampling_bench_errors_are_one_line(multi30k, verifier, argv, message, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", str(multi30k), "--path", str(verifier),
                            "--configs", "greedy", *argv, "--out-dir", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+SWEPT = ["specdec-k5-exact", "gammatune-exact", "cmasd-k8-exact", "ar-g4-exact", "ar-gammatune-plus-exact"]
+
+
+@pytest.fixture(scope="module")
+def sweep_json(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-sweep")
+    proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path",
+                ar_drafter, "--max-sentences", "8", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0",
+                "--threads", "1", "--sweep-gamma", "3,1,26", "--configs", ",".join(["loop-greedy"] + SWEPT),
+                "--out-dir", out])
+    assert "× fixed γ" in proc.stdout and "gamma 26 left out" in proc.stdout
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_sweep_runs_each_drafting_configuration_at_each_gamma(sweep_json):
+    spec_gammas = {"specdec-k5-exact": [1, 3], "gammatune-exact": [1, 3], "cmasd-k8-exact": [1, 3]}
+    expected = {"greedy", "loop-greedy", "floor"} | {
+        f"{name}@g{g}" for name in SWEPT for g in spec_gammas.get(name, [1, 3, 26])}
+    assert {r["config"] for r in sweep_json["rows"]} == expected
+    assert sweep_json["sweep"]["reference"] == {"spec": "specdec-k5-exact", "ar": "ar-g4-exact"}
+    options = {name: c["options"] for name, c in sweep_json["configs"].items()}
+    # the initial length is the swept gamma; the Spec-Drafter runs the slots the controller can send
+    assert options["specdec-k5-exact@g3"]["spec_k"] == 3 and options["specdec-k5-exact@g3"]["spec_draft_block"] == 3
+    assert options["gammatune-exact@g3"]["spec_k"] == 3 and options["gammatune-exact@g3"]["spec_k_max"] == 8
+    assert options["gammatune-exact@g3"]["spec_draft_block"] == 8
+    assert options["cmasd-k8-exact@g1"]["spec_k_max"] == 1 and options["cmasd-k8-exact@g1"]["spec_draft_block"] == 1
+    # a clip below the initial gamma rises to it
+    assert options["ar-gammatune-plus-exact@g26"]["spec_k"] == 26
+    assert options["ar-gammatune-plus-exact@g26"]["spec_k_max"] == 26
+    for row in sweep_json["rows"]:
+        if "@g" in row["config"]:
+            assert row["exact_match_vs_greedy"] == 1.0, row["config"]
+
+
+def test_sweep_summary_is_the_mean_over_gamma_of_the_ratios(sweep_json):
+    seconds = {(r["config"], r["batch_size"]): r["seconds_mean"] for r in sweep_json["rows"]}
+    summary = {(s["config"], s["batch_size"]): s for s in sweep_json["sweep"]["summary"]}
+    assert set(summary) == {(name, bs) for name in SWEPT for bs in (1, 4)}
+    for (name, bs), s in summary.items():
+        reference = "specdec-k5-exact" if not name.startswith("ar-") else "ar-g4-exact"
+        gammas = [1, 3] if reference == "specdec-k5-exact" else [1, 3, 26]
+        assert s["gammas"] == gammas
+        ratios = [seconds[(f"{reference}@g{g}", bs)] / seconds[(f"{name}@g{g}", bs)] for g in gammas]
+        if name == reference:  # the reference's spread of speed around its mean
+            speeds = [1 / seconds[(f"{name}@g{g}", bs)] for g in gammas]
+            ratios = [v * len(speeds) / sum(speeds) for v in speeds]
+        assert s["speedup_vs_fixed"] == pytest.approx(sum(ratios) / len(ratios))
+        assert s["speedup_vs_fixed_std"] == pytest.approx(statistics.stdev(ratios))
+        loop = [seconds[("loop-greedy", bs)] / seconds[(f"{name}@g{g}", bs)] for g in gammas]
+        assert s["speedup_vs_loop_greedy"] == pytest.approx(sum(loop) / len(loop))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep-gamma", "0,2"], "--sweep-gamma: expected distinct positive integers"),
+    (["--sweep-gamma", "2", "--configs", "gammatune-exact"], "need a fixed-length configuration with the same drafter"),
+    (["--sweep-gamma", "2", "--configs", "specdec-k5-exact,specdec-k10-exact"], "both draft a fixed length"),
+])
+def test_sweep_errors_are_one_line(multi30k, verifier, drafter, argv, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", str(multi30k), "--path", str(verifier),
+                           "--drafter-path", str(drafter), "--configs", "greedy", *argv, "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr

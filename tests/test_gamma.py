@@ -172,32 +172,50 @@ def test_each_row_gets_the_gamma_it_would_have_alone():
     assert all(horizon <= 5 for horizon, _ in asked) and any(horizon < 5 for horizon, _ in asked)
 
 
-def budgets(controller, steps):
-    """The budget before each step and the state after it, for one row: steps give the
-    accepted count of each iteration; the row sends its whole budget."""
-    state = controller.start(1, torch.device("cpu"))
+def budgets(controller, steps, rows=1):
+    """The budget before each step and the state after it: steps give the accepted count
+    of each iteration (one per row, or one number for one row); rows send their whole
+    budget."""
+    state = controller.start(rows, torch.device("cpu"))
     out = []
     for accepted in steps:
         budget = controller.budget(state)
-        out.append(int(budget[0]))
+        out.append(budget.tolist() if rows > 1 else int(budget[0]))
         sent = budget.clone()
-        state = controller.observe(state, sent, torch.minimum(torch.tensor([accepted]), sent))
+        state = controller.observe(state, sent, torch.minimum(torch.tensor(accepted).view(rows), sent))
     return out
 
 
 def test_a_row_whose_drafts_do_not_pay_drafts_nothing_then_probes():
     """GammaTune with --spec-idle-below 1 --spec-probe-every 2, initial gamma 4: the moving
-    average of accepted drafts (weight 1/2, from 4) goes 2, 1, 0.5 -> idle for two
-    iterations (budget 0), a probe at gamma 1 that accepts 1 (average 0.75): idle again;
-    later probes that accept everything bring the row back."""
+    average of accepted drafts (weight 1/2, from 4) goes 2, 1, 0.5 -> idle until its
+    iteration 4 (the next multiple of the period 2); the probe there (gamma 1) accepts 1,
+    average 0.75: the period doubles to 4 and the row idles until iteration 8; the probe
+    there accepts 2 (average 1.375), and the row drafts again, its window growing."""
     controller = GammaTune(4, 0.5, 1, 1, 6, "text", 25, Idle(1.0, 2))
-    assert budgets(controller, [0, 0, 0, 0, 0, 1, 0, 0, 2, 3, 4]) == [4, 2, 1, 0, 0, 1, 0, 0, 2, 3, 4]
+    assert budgets(controller, [0, 0, 0, 0, 1, 0, 0, 0, 2, 3, 4]) == [4, 2, 1, 0, 1, 0, 0, 0, 2, 3, 4]
+
+
+def test_failed_probes_double_the_idle_period():
+    """Nothing ever accepted: probes at iterations 4, 8, 16 (periods 2, 4, 8, 16)."""
+    controller = GammaTune(4, 0.5, 1, 1, 6, "text", 25, Idle(1.0, 2))
+    probes = [i for i, b in enumerate(budgets(controller, [0] * 40)) if b > 0]
+    assert probes == [0, 1, 2, 4, 8, 16, 32]
 
 
 def test_cmasd_controller_idles_too():
     controller = ConfidenceScaled(1, 4, 1.0, 25, Idle(1.0, 3))
     assert budgets(controller, [0, 0, 0, 0, 0, 4, 4]) == [4, 4, 4, 0, 0, 0, 4]
     assert ConfidenceScaled(1, 4, 1.0, 25).budget(NO_ROW_STATE) is None  # off: as before
+
+
+def test_idle_rows_of_a_batch_probe_at_the_same_iterations():
+    """Row 0 accepts nothing (idle from iteration 3, a failed probe at 4); row 1 accepts 2,
+    2, then nothing (idle from iteration 4): from 5 to 7 nobody drafts, and both probe at 8."""
+    controller = ConfidenceScaled(1, 4, 1.0, 25, Idle(1.0, 4))
+    steps = [[0, 2], [0, 2]] + [[0, 0]] * 7
+    assert budgets(controller, steps, rows=2) == [
+        [4, 4], [4, 4], [4, 4], [0, 4], [4, 0], [0, 0], [0, 0], [0, 0], [4, 4]]
 
 
 @pytest.mark.parametrize("make, message", [

@@ -68,7 +68,7 @@ class ConfidenceScaled(Controller):
         """With ``--spec-idle-below``: 0 for the rows that draft nothing for now."""
         if self.idle is None:
             return None
-        return Idle.budget(state, torch.full_like(state.idle, self.k_max))
+        return Idle.budget(state, torch.full_like(state.step, self.k_max))
 
     def propose(self, state: RowState, draft: Draft) -> Tensor:
         if draft.tokens.size(1) == 0:  # every row idle: nothing was drafted

@@ -21,8 +21,10 @@ drafter's probability of what it drafted (the contract: ``cmasd.verification.bas
   gamma drafts, ending after the first whose drafter probability is below the threshold
   (0.4, transformers v5's default).
 * ``Idle`` (``--spec-idle-below``, ``--spec-probe-every``; for ``cmasd``, ``gammatune``,
-  ``gammatune-plus`` and ``cmasd-gammatune``): a row whose drafts stop paying drafts
-  nothing for a while, then probes again.
+  ``gammatune-plus`` and ``cmasd-gammatune``; on by default, below 1 accepted draft per
+  drafting iteration, probe period 16, chosen on out-of-domain news and in-domain
+  Multi30k: docs/RESULTS.md): a row whose drafts stop paying drafts nothing for a while,
+  then probes again.
 
 A drafted position whose probability is below the threshold is still sent (Hugging
 Face's stopping criterion checks the token it has just drafted): the draft ends *after*
@@ -67,21 +69,31 @@ def until_unsure(draft: Draft, gamma: Tensor, threshold: float) -> Tensor:
 
 @dataclass(frozen=True)
 class IdleState(RowState):
-    """Per row: the moving average of the drafts accepted per drafting iteration, and how
-    many more iterations the row drafts nothing."""
+    """Per row: the moving average of the drafts accepted per drafting iteration, the
+    row's iteration count, the iteration at which it drafts again, and how long its next
+    idle period lasts."""
 
     payoff: Tensor  # (B,) float
-    idle: Tensor  # (B,) long
+    step: Tensor  # (B,) long: iterations the row has run
+    resume: Tensor  # (B,) long: it drafts nothing while step < resume
+    period: Tensor  # (B,) long
 
 
 class Idle:
     """Drafting nothing where drafting does not pay, per row (``--spec-idle-below``,
     ``--spec-probe-every``): a row whose moving average of accepted drafts per drafting
     iteration (weight 1/2, starting at the controller's initial length) falls below
-    ``below`` drafts nothing (k = 0: the verifier alone, one token per iteration) for
-    ``every`` iterations, then probes once with its usual draft length; the probe's count
-    updates the average. ``below`` 0 is off. (SGLang's adaptive speculation has
-    zero-length steps for the same reason.)"""
+    ``below`` drafts nothing (k = 0: the verifier alone, one token per iteration) until
+    its iteration count reaches the next multiple of its period, then probes once with
+    its usual draft length; the probe's count updates the average. The period starts at
+    ``every`` and doubles after each probe that leaves the average below ``below``; a
+    drafting iteration that keeps it above resets the period. ``below`` 0 is off.
+
+    Probes fall on multiples of powers of two times ``every`` of the row's own iteration
+    count, so the idle rows of a batch (which started together) probe at the same
+    iterations and the iterations between are cheap for the whole batch (nobody drafts,
+    the verifier scores one position); and a row's probes do not depend on its batch.
+    (SGLang's adaptive speculation has zero-length steps for the same reason.)"""
 
     WEIGHT = 0.5
 
@@ -99,20 +111,25 @@ class Idle:
         return idle if idle.below > 0 else None
 
     def start(self, rows: int, start: float, device: torch.device) -> IdleState:
-        return IdleState(torch.full((rows,), float(start), device=device),
-                         torch.zeros(rows, dtype=torch.long, device=device))
+        zeros = torch.zeros(rows, dtype=torch.long, device=device)
+        return IdleState(torch.full((rows,), float(start), device=device), zeros, zeros,
+                         torch.full((rows,), self.every, dtype=torch.long, device=device))
 
     @staticmethod
     def budget(state: IdleState, budget: Tensor) -> Tensor:
         """``budget`` (B,), 0 for the idle rows."""
-        return budget.masked_fill(state.idle > 0, 0)
+        return budget.masked_fill(state.step < state.resume, 0)
 
     def observe(self, state: IdleState, proposed: Tensor, accepted: Tensor) -> IdleState:
         drafted = proposed > 0  # (B,) an iteration that tells whether drafting pays
         payoff = torch.where(drafted, (1 - self.WEIGHT) * state.payoff + self.WEIGHT * accepted.float(), state.payoff)
-        stop = drafted & (payoff < self.below)  # (B,) go idle
-        idle = torch.where(stop, torch.full_like(state.idle, self.every), (state.idle - 1).clamp(min=0))  # (B,)
-        return IdleState(payoff, idle)
+        step = state.step + 1  # (B,) the index of the row's next iteration
+        stop = drafted & (payoff < self.below)  # (B,) go idle until the next multiple of the period
+        probe = drafted & (state.resume > 0) & (state.step == state.resume)  # (B,) the first draft after idling
+        period = torch.where(stop & probe, state.period * 2, state.period)  # (B,) a failed probe: wait longer
+        period = torch.where(drafted & ~stop, torch.full_like(period, self.every), period)  # drafting pays again
+        resume = torch.where(stop, (step // period + 1) * period, state.resume)  # (B,)
+        return IdleState(payoff, step, resume, period)
 
 
 @dataclass(frozen=True)

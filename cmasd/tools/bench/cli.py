@@ -31,6 +31,7 @@ from cmasd.tools.bench.loading import (
     load_setup,
 )
 from cmasd.tools.bench.measure import measure_all
+from cmasd.tools.bench.sweep import expand, parse_gammas, summarize, summary_table
 from cmasd.tools.bench.report import (
     columns,
     device_name,
@@ -133,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated names, or NAME:KEY=VALUE;KEY=VALUE; 'help' lists the names "
                         f"(default: {DEFAULT_CONFIGS}; with --sampling: {DEFAULT_SAMPLING_CONFIGS})")
     parser.add_argument("--batch-sizes", default="1,16", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--sweep-gamma", metavar="GAMMAS",
+                        help="GammaTune's Table 2 protocol: run every configuration that drafts with a model once per "
+                        "initial draft length in this comma-separated list ('paper': 1,2,...,8,12,16,20,24; those above "
+                        "the drafter's block left out), and summarise each one's speed-up over the fixed-length "
+                        "configuration of the same drafter at the same gamma (one such configuration per drafter, "
+                        "e.g. specdec-k5-exact, ar-g4-exact)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"), help="default: %(default)s")
     parser.set_defaults(repeats=3)
     return parser
@@ -314,16 +321,26 @@ def main(args) -> None:
     if args.sampling:
         sampling_configs(configs)
     batch_sizes = parse_batch_sizes(args.batch_sizes)
+    gammas = parse_gammas(args.sweep_gamma) if args.sweep_gamma else None
     global_overrides = parse_assignments(args.overrides)
     bench = prepare(args, configs)
+    sweep = None
+    if gammas is not None:
+        sweep = expand(configs, gammas, bench.setup, global_overrides, drafter_paths(args))
+        configs = sweep.configs
     rows = run_configs(bench, args, configs, batch_sizes, global_overrides)
 
     os.makedirs(args.out_dir, exist_ok=True)
-    table = "\n\n".join([markdown_table(rows, args.metric)] + sampling_note(args) + skipped)
+    summary = None if sweep is None else summarize(sweep, rows)
+    swept = [] if sweep is None else [summary_table(summary)] + sweep.notes
+    table = "\n\n".join([markdown_table(rows, args.metric)] + sampling_note(args) + skipped + swept)
     with open(os.path.join(args.out_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
-    record = report_record(args, bench, configs, global_overrides, rows,
-                           {"batch_sizes": batch_sizes, "skipped": skipped})
+    extra = {"batch_sizes": batch_sizes, "skipped": skipped}
+    if sweep is not None:
+        extra["sweep"] = {"gammas": sweep.gammas, "reference": sweep.reference, "runs": sweep.runs,
+                          "notes": sweep.notes, "summary": summary}
+    record = report_record(args, bench, configs, global_overrides, rows, extra)
     write_json(os.path.join(args.out_dir, "bench.json"), record)
     title = f"{os.path.basename(os.path.normpath(args.data))} {args.gen_subset}, {device_name(bench.setup.device)}"
     plot_latency_throughput(rows, os.path.join(args.out_dir, "latency-throughput.png"), title)

@@ -92,6 +92,30 @@ def ar_configs(gamma: int) -> List[BenchConfig]:
     ]
 
 
+def history_configs(prefix: str, window: Mapping[str, Any], drafter: str, what: str) -> List[BenchConfig]:
+    """The draft-length controllers of GammaTune's Table 2 and CM-ASD's, exact acceptance
+    (lossless), drafting with ``drafter`` inside ``window`` (the clip gamma_max, and for the
+    Spec-Drafter its block): GammaTune and GammaTune+ from gamma 4, Hugging Face's heuristic
+    from 4 and threshold up to 8 (tau 0.4), CM-ASD's confidence-scaled k, and both combined."""
+    return [
+        speculative(f"{prefix}gammatune-exact", f"{what}: GammaTune from gamma 4 (eta 0.5, delta 1), exact acceptance",
+                    window, {"spec_controller": "gammatune", "spec_k": 4}, EXACT, drafter=drafter),
+        speculative(f"{prefix}gammatune-plus-exact", f"{what}: GammaTune+ from gamma 4, drafts end after the first "
+                    "token below 0.4, exact acceptance", window, {"spec_controller": "gammatune-plus", "spec_k": 4},
+                    EXACT, drafter=drafter),
+        speculative(f"{prefix}hf-heuristic-exact", f"{what}: Hugging Face's heuristic schedule from gamma 4, exact "
+                    "acceptance", window, {"spec_controller": "hf-heuristic", "spec_k": 4}, EXACT, drafter=drafter),
+        speculative(f"{prefix}assistant-threshold-exact", f"{what}: Hugging Face's threshold 0.4, up to 8 drafts, "
+                    "exact acceptance", window, {"spec_controller": "assistant-threshold", "spec_k": 8}, EXACT,
+                    drafter=drafter),
+        speculative(f"{prefix}cmasd-gammatune-exact", f"{what}: CM-ASD's confidence scaling inside GammaTune's "
+                    "window from gamma 4, exact acceptance", window, {"spec_controller": "cmasd-gammatune", "spec_k": 4},
+                    EXACT, drafter=drafter),
+        speculative(f"{prefix}cmasd-k8-exact", f"{what}: CM-ASD's confidence-scaled k (k_max 8), exact acceptance",
+                    window, ADAPTIVE_K, EXACT, drafter=drafter),
+    ]
+
+
 def sampling_configs(name: str, what: str, *parts: Mapping[str, Any], drafter: str) -> List[BenchConfig]:
     """Speculative sampling (needs --sampling) with ``parts``: exact, lenience 0.5, EARS 0.1."""
     return [
@@ -157,6 +181,8 @@ CONFIGS: Dict[str, BenchConfig] = {
         *sampling_configs("cmasd-k4-sample", "CM-ASD's adaptive k (k_max=4, 4-slot block)", ADAPTIVE_K, SHORT_BLOCK,
                           drafter="spec"),
         *sampling_configs("ar-g4-sample", "autoregressive draft model, gamma=4", AR, {"spec_k": 4}, drafter="ar"),
+        *history_configs("", EIGHT_BLOCK, "spec", "Spec-Drafter, window 1..8 and an 8-slot block"),
+        *history_configs("ar-", {**AR, "spec_k_max": 8}, "ar", "autoregressive draft model, window 1..8"),
         speculative("cmasd-text-tau", "CM-ASD with tau = tau_base + gamma*C (the paper's text)",
                     FULL_CMASD, {"cmasd_tau_schedule": "confidence"}),
         speculative("abl-fixedk-fixedtau", "Table III w/o confidence: fixed k=10, fixed tau (= specdec-k10)",
