@@ -159,3 +159,24 @@ def test_without_the_compiled_kernels_auto_falls_back_to_packed(monkeypatch):
     assert resolve_kernels("auto", torch.zeros(1)) == "packed"
     with pytest.raises(ValueError, match="--spec-kernels gemv: the kernel is unavailable: no C"):
         resolve_kernels("gemv", torch.zeros(1))
+
+
+def test_shared_linears_build_each_prepared_weight_once():
+    """Inside shared_linears() the same weights on the same kernels give the same layer;
+    other kernels, other weights, a weight changed in place or outside it: a new one."""
+    from cmasd.decoding.kernels import shared_linears
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4)
+    with shared_linears():
+        first = prepared_linear(linear.weight, linear.bias, "native")
+        assert prepared_linear(linear.weight, linear.bias, "native") is first
+        assert prepared_linear(linear.weight, linear.bias, "native", relu=True) is not first
+        assert prepared_linear(linear.weight, None, "native") is not first
+        with torch.no_grad():
+            linear.weight.mul_(2.0)
+        changed = prepared_linear(linear.weight, linear.bias, "native")
+        assert changed is not first
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(changed(x), linear(x))
+    assert prepared_linear(linear.weight, linear.bias, "native") is not changed

@@ -25,10 +25,11 @@ tolerance, and lossless decoding is checked against ``fairseq-generate --beam 1`
 for token (tests, ``check-lossless.sh``).
 """
 
+import contextlib
 import functools
 import logging
 import warnings
-from typing import Optional
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -173,14 +174,48 @@ class Int8Linear(nn.Module):
 LINEARS = {"native": NativeLinear, "packed": PackedLinear, "gemv": GemvLinear, "int8": Int8Linear}
 
 
+# Inside ``shared_linears()``: prepared linears by the identity of their weights and kernels.
+_SHARED: Optional[Dict[Tuple, nn.Module]] = None
+
+
+@contextlib.contextmanager
+def shared_linears() -> Iterator[None]:
+    """Within it, linear layers prepared from the same weight and bias tensors on the same
+    kernels are built once and shared: for a program that builds many generators of the
+    same models (cmasd-bench: hundreds in a sweep, each otherwise with its own copies).
+    The weights must not change while the layers are in use; the layers are used by one
+    generator at a time."""
+    global _SHARED
+    outer = _SHARED
+    _SHARED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _SHARED = outer
+
+
 def prepared_linear(weight: Tensor, bias: Optional[Tensor], kernels: str, relu: bool = False) -> nn.Module:
     """An inference-only linear layer ``(..., in) -> (..., out)`` with copies of ``weight``
     (out, in) and ``bias`` (out,) on ``kernels`` (native, packed, gemv or int8), ReLU after it
-    when ``relu``."""
+    when ``relu`` (shared with earlier ones inside ``shared_linears()``)."""
     if kernels not in LINEARS:
         raise ValueError(f"unknown kernels {kernels!r}; choose from {', '.join(LINEARS)}")
-    bias = None if bias is None else bias.detach().clone()
-    return LINEARS[kernels](weight.detach().clone(), bias, relu)
+    key = None
+    if _SHARED is not None:
+        key = (identity(weight), None if bias is None else identity(bias), kernels, relu)
+        if key in _SHARED:
+            return _SHARED[key]
+    layer = LINEARS[kernels](weight.detach().clone(), None if bias is None else bias.detach().clone(), relu)
+    if key is not None:
+        _SHARED[key] = layer
+    return layer
+
+
+def identity(tensor: Tensor) -> Tuple:
+    """What tells a tensor's values apart without reading them: storage, offset, shape,
+    strides, dtype and in-place version."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+            tensor.dtype, tensor._version)
 
 
 def linear_of(module: nn.Linear, kernels: str, relu: bool = False) -> nn.Module:

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from cmasd.decoding.kernels import shared_linears
 from cmasd.tools.bench.configs import (
     CONFIGS,
     CTRANSLATE2,
@@ -259,7 +260,8 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
     paths = drafter_paths(args)
     seeds = parse_seeds(args)
     generation = sampling_options(args)
-    generators = {c.name: build_generator(bench.setup, c, global_overrides, paths, generation) for c in configs}
+    with shared_linears():  # one copy of each model's prepared weights, however many configurations
+        generators = {c.name: build_generator(bench.setup, c, global_overrides, paths, generation) for c in configs}
     batches = {bs: build_batches(bench.setup, bs) for bs in batch_sizes}
     m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches, seeds)
     return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
