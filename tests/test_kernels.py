@@ -180,3 +180,16 @@ def test_shared_linears_build_each_prepared_weight_once():
         x = torch.randn(3, 8)
         torch.testing.assert_close(changed(x), linear(x))
     assert prepared_linear(linear.weight, linear.bias, "native") is not changed
+
+
+def test_shared_linears_never_mistake_a_temporary_weight_for_another():
+    """Weights made on the fly (as concatenated projections are) and dropped at once: each
+    prepared layer still computes with its own weight (a freed address reused by the next
+    temporary must not find the first one's layer)."""
+    from cmasd.decoding.kernels import shared_linears
+
+    base, x = torch.ones(4, 8), torch.ones(3, 8)
+    with shared_linears():
+        for i in range(200):
+            layer = prepared_linear(base * i, None, "native")  # the product is freed after the call
+            torch.testing.assert_close(layer(x), torch.full((3, 4), 8.0 * i))

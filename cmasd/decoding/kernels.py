@@ -174,8 +174,11 @@ class Int8Linear(nn.Module):
 LINEARS = {"native": NativeLinear, "packed": PackedLinear, "gemv": GemvLinear, "int8": Int8Linear}
 
 
-# Inside ``shared_linears()``: prepared linears by the identity of their weights and kernels.
-_SHARED: Optional[Dict[Tuple, nn.Module]] = None
+# Inside ``shared_linears()``: by the identity of the weight and bias tensors and the
+# kernels, those tensors (kept alive, so that no other tensor can take their place in
+# memory: a temporary weight, such as concatenated projections, would otherwise free its
+# address for the next one) and the prepared layer.
+_SHARED: Optional[Dict[Tuple, Tuple[Tensor, Optional[Tensor], nn.Module]]] = None
 
 
 @contextlib.contextmanager
@@ -204,10 +207,10 @@ def prepared_linear(weight: Tensor, bias: Optional[Tensor], kernels: str, relu: 
     if _SHARED is not None:
         key = (identity(weight), None if bias is None else identity(bias), kernels, relu)
         if key in _SHARED:
-            return _SHARED[key]
+            return _SHARED[key][2]
     layer = LINEARS[kernels](weight.detach().clone(), None if bias is None else bias.detach().clone(), relu)
     if key is not None:
-        _SHARED[key] = layer
+        _SHARED[key] = (weight, bias, layer)
     return layer
 
 
