@@ -357,8 +357,13 @@ def test_sampled_bench_has_a_pass_per_seed_and_rates(sampling_json):
     (["--sampling", "--seeds", "1,1"], "--seeds: expected distinct integers"),
 ])
 def test_sampling_bench_errors_are_one_line(multi30k, verifier, argv, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", str(multi30k), "--path", str(verifier),
-                           "--configs", "greedy", *argv, "--out-dir", str(tmp_path)], capture_output=True, text=True)
+    assert_one_line_error([str(multi30k), "--path", str(verifier), "--configs", "greedy", *argv], message, tmp_path)
+
+
+def assert_one_line_error(argv, message, tmp_path):
+    """cmasd-bench with ``argv`` exits 2 with one error line that says ``message``."""
+    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv, "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr
@@ -422,9 +427,5 @@ def test_sweep_summary_is_the_mean_over_gamma_of_the_ratios(sweep_json):
     (["--sweep-gamma", "2", "--configs", "specdec-k5-exact,specdec-k10-exact"], "both draft a fixed length"),
 ])
 def test_sweep_errors_are_one_line(multi30k, verifier, drafter, argv, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", str(multi30k), "--path", str(verifier),
-                           "--drafter-path", str(drafter), "--configs", "greedy", *argv, "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert_one_line_error([str(multi30k), "--path", str(verifier), "--drafter-path", str(drafter), "--configs",
+                           "greedy", *argv], message, tmp_path)

@@ -19,6 +19,7 @@ from cmasd.tools.bench.configs import (
     DRAFTER_OPTIONS,
     BenchConfig,
     BenchError,
+    distinct_positive_ints,
     parse_assignments,
     resolve_configs,
 )
@@ -147,13 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_batch_sizes(text: str) -> List[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise BenchError(f"--batch-sizes: expected comma-separated positive integers, got {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
-        raise BenchError(f"--batch-sizes: expected distinct positive integers, got {text!r}")
-    return sizes
+    return distinct_positive_ints("--batch-sizes", text)
 
 
 def check_args(args) -> None:

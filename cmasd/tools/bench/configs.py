@@ -216,6 +216,17 @@ CONFIG_SEPARATOR = re.compile(r",(?=\s*[A-Za-z][\w.-]*\s*(?::|,|$))")
 CONFIG_NAME = re.compile(r"^[A-Za-z][\w.-]*$")
 
 
+def distinct_positive_ints(option: str, text: str) -> List[int]:
+    """The comma-separated values of ``option``: distinct positive integers, in order."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise BenchError(f"{option}: expected comma-separated positive integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise BenchError(f"{option}: expected distinct positive integers, got {text!r}")
+    return values
+
+
 def spec_fields() -> Dict[str, Any]:
     """The settable ``SpeculativeDecodingConfig`` fields and their types
     (``drafter_path`` comes from ``--drafter-path`` or ``--ar-drafter-path``)."""

@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from cmasd.tools.bench.configs import GREEDY, BenchConfig, BenchError, spec_options
+from cmasd.tools.bench.configs import GREEDY, BenchConfig, BenchError, distinct_positive_ints, spec_options
 
 # GammaTune's initial gammas (Sec. 5)
 PAPER_GAMMAS = "1,2,3,4,5,6,7,8,12,16,20,24"
@@ -44,14 +44,7 @@ class Sweep:
 
 def parse_gammas(text: str) -> List[int]:
     """``--sweep-gamma``: distinct positive integers, or ``paper`` for GammaTune's list."""
-    text = PAPER_GAMMAS if text.strip() == "paper" else text
-    try:
-        gammas = [int(g) for g in text.split(",") if g.strip()]
-    except ValueError:
-        raise BenchError(f"--sweep-gamma: expected comma-separated positive integers or 'paper', got {text!r}") from None
-    if not gammas or any(g < 1 for g in gammas) or len(set(gammas)) != len(gammas):
-        raise BenchError(f"--sweep-gamma: expected distinct positive integers, got {text!r}")
-    return sorted(gammas)
+    return sorted(distinct_positive_ints("--sweep-gamma", PAPER_GAMMAS if text.strip() == "paper" else text))
 
 
 def drafter_limit(setup, role: str, options) -> Optional[int]:
