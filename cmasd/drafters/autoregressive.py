@@ -26,7 +26,7 @@ from torch import Tensor
 
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
-from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, choose, model_draft
+from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, choose, chosen_probability, model_draft
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,6 @@ def same_encoder(model, verifier) -> bool:
     if mine.keys() != theirs.keys():
         return False
     return all(mine[k].shape == theirs[k].shape and torch.equal(mine[k], theirs[k].to(mine[k])) for k in mine)
-
-
-def probability(scores: Tensor, token: Tensor, logits: bool) -> Tensor:
-    """The probability (B,) of ``token`` (B,) under ``scores`` (B, V): log-probabilities,
-    or with ``logits`` raw logits."""
-    chosen = scores.float().gather(1, token[:, None]).squeeze(1)  # (B,)
-    if logits:
-        chosen = chosen - torch.logsumexp(scores.float(), dim=1)
-    return chosen.exp()
 
 
 class AutoregressiveDrafter(ModelDrafter):
@@ -116,7 +107,8 @@ class AutoregressiveDrafter(ModelDrafter):
             drafted.append(token)  # (B,)
             dists.append(dist)  # (B, V) or None
             if request.stop_below is not None:
-                unsure |= probability(last if dist is None else dist, token, dist is None) < request.stop_below
+                chosen_from = torch.log_softmax(last.float(), dim=-1) if dist is None else dist  # (B, V)
+                unsure |= chosen_probability(chosen_from, token) < request.stop_below
                 if bool(unsure.all()):
                     break
             if i + 1 < request.horizon:

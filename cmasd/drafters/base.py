@@ -162,6 +162,12 @@ def choose(logits: Tensor, request: DraftRequest, pad: int, uniforms: Optional[T
     return draw(logprobs, uniforms), logprobs
 
 
+def chosen_probability(logprobs: Tensor, tokens: Tensor) -> Tensor:
+    """The probability (...,) of each drafted token ``tokens`` (...,) in the distribution
+    ``logprobs`` (..., V) it was chosen from."""
+    return logprobs.float().gather(-1, tokens[..., None]).squeeze(-1).exp()
+
+
 def model_draft(logits: Tensor, request: DraftRequest, pad: int,
                 chosen: Optional[Tuple[Tensor, Optional[Tensor]]] = None) -> Draft:
     """The draft of a model drafter from its logits (B, H, V): its tokens and their

@@ -43,7 +43,7 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from cmasd.drafters.base import Draft
+from cmasd.drafters.base import Draft, chosen_probability
 from cmasd.verification.base import Controller, Needs, RowState, largest_k, within
 
 EXPANSIONS = ("text", "algorithm")
@@ -61,7 +61,7 @@ def until_unsure(draft: Draft, gamma: Tensor, threshold: float) -> Tensor:
     if draft.logprobs is None:
         return gamma
     width = draft.tokens.size(1)
-    prob = draft.logprobs.float().gather(-1, draft.tokens[..., None]).squeeze(-1).exp()  # (B, H)
+    prob = chosen_probability(draft.logprobs, draft.tokens)  # (B, H)
     unsure = prob < threshold  # (B, H)
     first = torch.where(unsure.any(dim=1), unsure.long().argmax(dim=1) + 1, width)  # (B,) drafts up to and with it
     return torch.minimum(gamma, first)
@@ -206,14 +206,14 @@ class GammaTunePlus(GammaTune):
 
     def __init__(self, *args, threshold: float):
         super().__init__(*args)
-        self.threshold = self.stop_below = check_threshold(threshold)
+        self.stop_below = check_threshold(threshold)
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "GammaTunePlus":
         return cls(*gamma_options(cfg, limit), limit, Idle.from_config(cfg), threshold=cfg.draft_stop_threshold)
 
     def propose(self, state: GammaState, draft: Draft) -> Tensor:
-        return until_unsure(draft, self.budget(state), self.threshold)
+        return until_unsure(draft, self.budget(state), self.stop_below)
 
 
 class ConfidenceInWindow(GammaTune):
@@ -288,8 +288,7 @@ class AssistantThreshold(Controller):
 
     def __init__(self, gamma: int, threshold: float, limit: Optional[int]):
         within("--spec-k", gamma, 1, limit)
-        self.gamma, self.threshold = gamma, check_threshold(threshold)
-        self.stop_below = self.threshold
+        self.gamma, self.stop_below = gamma, check_threshold(threshold)
         self.horizon = gamma
 
     @classmethod
@@ -298,7 +297,7 @@ class AssistantThreshold(Controller):
 
     def propose(self, state: RowState, draft: Draft) -> Tensor:
         gamma = torch.full(draft.tokens.shape[:1], self.gamma, dtype=torch.long, device=draft.tokens.device)  # (B,)
-        return until_unsure(draft, gamma, self.threshold)
+        return until_unsure(draft, gamma, self.stop_below)
 
 
 HISTORY_CONTROLLERS: Dict[str, type] = {

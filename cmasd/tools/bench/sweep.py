@@ -21,9 +21,10 @@ of its speed over gamma around its mean (Table 2's "1.00 ± 0.23").
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from cmasd.tools.bench.configs import GREEDY, BenchConfig, BenchError, distinct_positive_ints, spec_options
+from cmasd.tools.bench.report import mean_std
 
 # GammaTune's initial gammas (Sec. 5)
 PAPER_GAMMAS = "1,2,3,4,5,6,7,8,12,16,20,24"
@@ -112,14 +113,10 @@ def expand(configs: Sequence[BenchConfig], gammas: Sequence[int], setup, global_
     return Sweep(out, list(gammas), runs, drafter, reference, notes)
 
 
-def mean_sd(values: Sequence[float]) -> Tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def summarize(sweep: Sweep, rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     """One record per swept configuration and batch size (see the module docstring)."""
-    seconds = {(r["config"], r["batch_size"]): r["seconds_mean"] for r in rows}
     by_name = {(r["config"], r["batch_size"]): r for r in rows}
+    seconds = {key: r["seconds_mean"] for key, r in by_name.items()}
     out: List[Dict[str, Any]] = []
     for bs in sorted({r["batch_size"] for r in rows}):
         for name, runs in sweep.runs.items():
@@ -129,9 +126,9 @@ def summarize(sweep: Sweep, rows: Sequence[Mapping[str, Any]]) -> List[Dict[str,
             mine = {g: seconds[(runs[g], bs)] for g in gammas}
             if name == sweep.reference[sweep.drafter[name]]:  # its speed over gamma around its mean
                 speed = [1.0 / mine[g] for g in gammas]
-                vs_fixed = mean_sd([s / statistics.fmean(speed) for s in speed])
+                vs_fixed = mean_std([s / statistics.fmean(speed) for s in speed])
             else:
-                vs_fixed = mean_sd([ref[g] / mine[g] for g in gammas])
+                vs_fixed = mean_std([ref[g] / mine[g] for g in gammas])
             best = min(ref.values())
             record = {
                 "config": name,
