@@ -9,10 +9,21 @@ facebookresearch/fairseq#4858), and under bfloat16 autocast it mixes dtypes:
 encoder layer built afterwards take its ordinary path, the one training uses (the same
 arithmetic). ``fairseq_plugins`` calls it, so ``--user-dir fairseq_plugins`` and
 ``cmasd-bench`` get it; plain fairseq without the user-dir is left as it is.
+
+fairseq 0.12's ``--no-repeat-ngram-size`` bans nothing when its blocker runs in Python
+(every CPU run; GPU runs without fairseq's CUDA extension): ``SequenceGenerator`` hands it
+the whole tokens buffer and it reads the last n - 1 entries, padding
+(facebookresearch/fairseq#5206). ``fix_ngram_blocker`` gives fairseq's generator the
+documented rule, which the speculative generator applies too; the ``translation_speculative``
+task uses it for fairseq's own generator, so that ``--beam 1`` and speculative decoding
+with ``--no-repeat-ngram-size`` agree.
 """
 
 import functools
 import logging
+
+import torch
+from fairseq.ngram_repeat_block import NGramRepeatBlock
 
 logger = logging.getLogger(__name__)
 
@@ -37,3 +48,40 @@ def disable_encoder_fast_path() -> bool:
     layer._cmasd_fast_path_off = True
     logger.info("fairseq's BetterTransformer encoder fast path is off (it fails on torch >= 1.13, fairseq#4858)")
     return True
+
+
+def blocks_repeats(blocker) -> bool:
+    """Whether fairseq's n-gram blocker bans a repeated n-gram when it is handed the
+    whole tokens buffer, as ``SequenceGenerator`` hands it (padding after ``step``)."""
+    size = blocker.no_repeat_ngram_size
+    pattern = list(range(4, 4 + size - 1))  # an (n-1)-gram, then the n-gram's last token, then it again
+    prefix = [2] + pattern + [3] + pattern  # eos, the n-gram, its first n - 1 tokens again
+    tokens = torch.tensor([prefix + [1] * (size + 2)])  # (1, buffer), padding after the prefix
+    lprobs = torch.zeros(1, 4 + size)
+    banned = blocker(tokens, lprobs, 1, 1, len(prefix) - 1)
+    return bool(torch.isinf(banned[0, 3]))
+
+
+class PrefixNGramRepeatBlock(NGramRepeatBlock):
+    """fairseq's ``NGramRepeatBlock`` given only the tokens up to ``step``: fairseq 0.12's
+    Python rule reads its (n-1)-gram from the end of the buffer it receives, which
+    ``SequenceGenerator`` passes whole, padding included, so it never bans anything
+    (facebookresearch/fairseq#5206, #4709)."""
+
+    def forward(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
+        return super().forward(tokens[:, : step + 1], lprobs, bsz, beam_size, step)
+
+
+def fix_ngram_blocker(generator):
+    """``generator`` (fairseq's ``SequenceGenerator``) with an n-gram blocker that
+    blocks: fairseq's own where it works, ``PrefixNGramRepeatBlock`` where it is fairseq
+    0.12's (which bans nothing on the CPU path). Returns ``generator``."""
+    blocker = getattr(generator, "repeat_ngram_blocker", None)
+    if blocker is None or blocker.use_extension or blocks_repeats(blocker):
+        return generator
+    generator.repeat_ngram_blocker = PrefixNGramRepeatBlock(blocker.no_repeat_ngram_size, use_extension=False)
+    logger.info(
+        "--no-repeat-ngram-size: fairseq's blocker bans nothing on this path (fairseq#5206); "
+        "using the rule on the tokens up to each step instead"
+    )
+    return generator

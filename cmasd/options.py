@@ -184,10 +184,11 @@ def refuse_unsupported(gen_cfg) -> None:
         (gen_cfg.constraints is not None, "--constraints"),
         (gen_cfg.prefix_size > 0, "--prefix-size"),
         (gen_cfg.match_source_len, "--match-source-len"),
-        (gen_cfg.no_repeat_ngram_size > 0, "--no-repeat-ngram-size"),
         (gen_cfg.diverse_beam_groups > 0 or gen_cfg.diversity_rate > 0, "diverse beam search"),
         (gen_cfg.lm_path is not None, "--lm-path"),
         (gen_cfg.retain_dropout, "--retain-dropout"),
+        (gen_cfg.no_repeat_ngram_size == 1,
+         "--no-repeat-ngram-size 1 (it bans every token generated, the start token included: use 2 or more)"),
     ]
     unsupported = [what for bad, what in refusals if bad]
     if unsupported:
@@ -330,6 +331,7 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         temperature=gen_cfg.temperature,
         len_penalty=gen_cfg.lenpen,
         normalize_scores=not gen_cfg.unnormalized,
+        no_repeat_ngram_size=gen_cfg.no_repeat_ngram_size,
     )
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
                                      kernels=kernels, seed=seed, sampling=sampling)

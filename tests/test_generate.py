@@ -178,6 +178,41 @@ def test_history_drafts_stay_lossless(probe, verifier, drafter, greedy, batch_si
     assert rate > 0
 
 
+def repeated_ngrams(hypothesis: str, size: int):
+    """The n-grams of ``size`` tokens that occur twice in a hypothesis (eos first, as
+    fairseq's rule sees it)."""
+    tokens = ["</s>"] + hypothesis.split()
+    grams = [tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
+    return {gram for gram in grams if grams.count(gram) > 1}
+
+
+@pytest.fixture(scope="module")
+def greedy_no_repeat(probe, verifier):
+    """fairseq's greedy output with ``--no-repeat-ngram-size 3`` (through cmasd's task,
+    whose fairseq generator blocks as documented: fairseq 0.12's own bans nothing on a
+    CPU, fairseq#5206)."""
+    return hypotheses(generate(probe, verifier, "--batch-size", "16", "--no-repeat-ngram-size", "3").stdout)
+
+
+def test_no_repeat_ngram_greedy_reference_blocks_repeats(greedy, greedy_no_repeat):
+    changed = [i for i in greedy if greedy[i][1] != greedy_no_repeat[i][1]]
+    assert changed, "the rule changed nothing: the probe set does not exercise it"
+    assert any(repeated_ngrams(tokens, 3) for _, tokens in greedy.values())
+    assert not any(repeated_ngrams(tokens, 3) for _, tokens in greedy_no_repeat.values())
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+@pytest.mark.parametrize("setup", ["spec-drafter", "history"])
+def test_no_repeat_ngram_with_exact_acceptance_equals_beam1(probe, verifier, drafter, greedy_no_repeat, setup,
+                                                            batch_size):
+    """The history drafter proposes continuations of n-grams the hypothesis already holds:
+    drafts that complete a banned n-gram, inside the block too."""
+    extra = ["--spec-k", "10"] if setup == "spec-drafter" else ["--spec-history-ngram", "2", "--spec-k", "6"]
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter, *extra,
+                    "--spec-acceptance", "exact", "--no-repeat-ngram-size", "3")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy_no_repeat)
+
+
 # Every drafter kind, alone and composed, through fairseq-generate: lossless at batch 1,
 # 7 and 16 (rows finishing at different times, dropped rows, caches growing).
 DRAFTER_SETUPS = {

@@ -9,8 +9,8 @@ verifier), so ``fairseq-generate`` prints and scores them as it does its own.
 
 The verifier side reproduces fairseq's ``SequenceGenerator`` with ``--beam 1``: the
 same maximum length (``max_len_a * src_len + max_len_b``, capped by the model), the
-same minimum length, pad never chosen, the unknown-word penalty, the temperature and the
-same score normalisation; with the ``exact`` acceptance rule the output equals its
+same minimum length, pad never chosen, the unknown-word penalty, the temperature, the
+n-gram repeat ban (``cmasd.decoding.repeats``) and the same score normalisation; with the ``exact`` acceptance rule the output equals its
 output. With ``--sampling`` (``sampling``) the verifier's distribution is that of
 fairseq's sampling (top-k / top-p truncation too), the drafter draws from its own under
 the same options, and an acceptance rule that samples (``rejection``) keeps the output
@@ -29,6 +29,7 @@ from torch import Tensor
 
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.stats import DecodeStats
 from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, empty_draft
 from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
@@ -87,6 +88,7 @@ class LengthRules:
     temperature: float = 1.0  # the verifier's logits are divided by it, as fairseq does
     len_penalty: float = 1.0
     normalize_scores: bool = True
+    no_repeat_ngram_size: int = 0  # fairseq's --no-repeat-ngram-size (0: off)
 
     def max_len(self, src_len: int) -> int:
         """Most tokens before the forced eos, as SequenceGenerator computes it from
@@ -300,6 +302,8 @@ class SpeculativeGenerator:
             lprobs = lprobs.masked_fill(forced_eos[..., None], -math.inf)
             lprobs[:, :, self.eos] = torch.where(forced_eos, eos_scores, lprobs[:, :, self.eos])
             lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(step < self.rules.min_len, -math.inf)
+        if self.rules.no_repeat_ngram_size:
+            lprobs = ban_repeated_ngrams(lprobs, state.tokens, state.lengths, drafts, self.rules.no_repeat_ngram_size)
         if self.sampling is not None:
             lprobs = self.sampling.truncate(lprobs)
         return lprobs

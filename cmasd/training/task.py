@@ -32,6 +32,7 @@ from fairseq.data import BaseWrapperDataset
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
+from cmasd.compat import fix_ngram_blocker
 from cmasd.models.verifier import DrafterOfVerifier
 from cmasd.options import (
     SpeculativeDecodingConfig,
@@ -154,9 +155,9 @@ class TranslationSpeculativeTask(TranslationTask):
         checked against ``args``, fairseq's generation options), else fairseq's own, as
         ``tasks/translation_lev.py`` plugs in its generator."""
         if not is_speculative(self.cfg):
-            return super().build_generator(
+            return fix_ngram_blocker(super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
-            )
+            ))
         drafter = None
         if self.cfg.drafter_path:
             drafter = load_drafter_model(self.cfg.drafter_path, self, like=next(models[0].parameters()))
