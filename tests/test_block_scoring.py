@@ -14,9 +14,7 @@ from cmasd.decoding.cache import BlockScorer
 
 
 def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50):
-    dictionary = Dictionary()
-    for i in range(vocab):
-        dictionary.add_symbol(f"w{i}")
+    dictionary = tiny_dictionary(vocab)
     args = argparse.Namespace(
         encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
         encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
@@ -29,6 +27,55 @@ def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50)
     task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
     torch.manual_seed(0)
     return TransformerModel.build_model(args, task).eval(), dictionary
+
+
+def tiny_dictionary(vocab: int = 50):
+    dictionary = Dictionary()
+    for i in range(vocab):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+TINY_DIMS = dict(
+    encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+    encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
+    max_source_positions=64, max_target_positions=64,
+)
+
+
+def tiny_bart(pre_norm: bool = False):
+    """fairseq's BART architecture (``bart_base``: learned positions with fairseq's offset,
+    ``layernorm_embedding``, GELU, unscaled embeddings, tied embeddings, post-norm) at a
+    tiny size; ``pre_norm`` as mBART's layers are."""
+    from fairseq.models.bart import BARTModel
+    from fairseq.models.bart.model import bart_base_architecture
+
+    dictionary = tiny_dictionary()
+    args = argparse.Namespace(**TINY_DIMS, encoder_normalize_before=pre_norm, decoder_normalize_before=pre_norm)
+    bart_base_architecture(args)
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    torch.manual_seed(0)
+    return BARTModel.build_model(args, task).eval(), dictionary
+
+
+def tiny_untied():
+    """A Transformer with separate source, target and output embeddings, pre-norm layers,
+    learned positions, an embedding layer norm and GELU."""
+    dictionary = tiny_dictionary()
+    args = argparse.Namespace(
+        **TINY_DIMS, encoder_normalize_before=True, decoder_normalize_before=True, encoder_learned_pos=True,
+        decoder_learned_pos=True, layernorm_embedding=True, activation_fn="gelu",
+    )
+    base_architecture(args)
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    torch.manual_seed(0)
+    model = TransformerModel.build_model(args, task).eval()
+    assert model.decoder.output_projection.weight is not model.decoder.embed_tokens.weight
+    return model, dictionary
+
+
+# Verifier variants beyond tiny_transformer's four: BART, mBART-style pre-norm BART, untied
+VARIANTS = {"bart": tiny_bart, "bart-pre-norm": lambda: tiny_bart(pre_norm=True), "untied-gelu": tiny_untied}
 
 
 def incremental_logits(model, encoder_out, tokens):
@@ -53,7 +100,16 @@ KERNELS = [
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("learned_pos", [False, True])
 def test_ragged_blocks_equal_incremental_decoding(normalize_before, learned_pos, kernels):
-    model, dictionary = tiny_transformer(normalize_before, learned_pos)
+    assert_ragged_blocks_equal_incremental_decoding(*tiny_transformer(normalize_before, learned_pos), kernels)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_ragged_blocks_of_other_variants_equal_incremental_decoding(variant, kernels):
+    assert_ragged_blocks_equal_incremental_decoding(*VARIANTS[variant](), kernels)
+
+
+def assert_ragged_blocks_equal_incremental_decoding(model, dictionary, kernels):
     pad = dictionary.pad()
     torch.manual_seed(1)
     bsz, src_len, tgt_len = 3, 7, 10
@@ -136,12 +192,13 @@ def test_a_grown_cache_scores_as_a_large_one():
     torch.testing.assert_close(torch.cat(got, dim=1), expected, rtol=0, atol=1e-4)
 
 
-def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass():
+@pytest.mark.parametrize("variant", ["pre-norm"] + sorted(VARIANTS))
+def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass(variant):
     """cmasd-bench's floor (encoder, then the block scorer over the whole right-padded
     target at once) gives fairseq's teacher-forced logits at every real position."""
     from cmasd.tools.bench.floor import FloorScorer, teacher_forced_input
 
-    model, dictionary = tiny_transformer(True, False)
+    model, dictionary = tiny_transformer(True, False) if variant == "pre-norm" else VARIANTS[variant]()
     eos, pad = dictionary.eos(), dictionary.pad()
     torch.manual_seed(4)
     src = torch.randint(4, len(dictionary), (3, 6))
@@ -211,11 +268,20 @@ def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, b
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("learned_pos", [False, True])
 def test_prepared_encoder_encodes_as_fairseq(kernels, normalize_before, learned_pos):
+    assert_prepared_encoder_encodes_as_fairseq(*tiny_transformer(normalize_before, learned_pos), kernels)
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_prepared_encoder_of_other_variants_encodes_as_fairseq(variant, kernels):
+    assert_prepared_encoder_encodes_as_fairseq(*VARIANTS[variant](), kernels)
+
+
+def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
     """The encoder on prepared layers (DecodingEncoder) returns fairseq's encoder output
     to float tolerance, padded and unpadded batches alike."""
     from cmasd.decoding.attention import DecodingEncoder, encoder_of
 
-    model, dictionary = tiny_transformer(normalize_before, learned_pos)
     pad = dictionary.pad()
     torch.manual_seed(6)
     for padded in (False, True):
