@@ -10,20 +10,37 @@ step that touches text, so that the same rules apply to every corpus:
     Nothing else is changed (no Unicode normalization): the output stays the
     text as published and serves as the sacreBLEU / ROUGE reference.  One
     output line per input line, always.  ``.gz`` input is read transparently.
-``spm-train --input A,B --prefix P --vocab-size N``
+``spm-train --input A,B --prefix P --vocab-size N [--user-defined-symbols S,...]``
     Train a joint sentencepiece model (``P.model``, ``P.vocab``) and write the
-    matching fairseq dictionary ``P.dict.txt``.
+    matching fairseq dictionary ``P.dict.txt``; user-defined symbols are always one
+    piece (``\u2581<br>``: a dialogue's turn separator, its leading space included).
 ``spm-encode --model M IN OUT`` / ``spm-decode --model M IN OUT``
     Text to space-separated pieces and back, one line per line.
 ``cnndm-split IN.jsonl OUTPREFIX``
     CNN/DailyMail jsonl (``article``, ``refs``) to ``.src``/``.tgt``/``.refs.jsonl``.
+``summ-split IN.jsonl OUTPREFIX [--turn-separator WORD] [--drop-empty] [--refs]``
+    Summarization records, one JSON object a line (``src``, ``tgt``, optionally
+    ``tgt_sents``), to ``.src``/``.tgt`` (one whitespace-normalized line each) and
+    ``.refs.jsonl``.  With ``--turn-separator``, the source is a dialogue whose line
+    breaks become `` WORD `` (empty lines dropped).  Records with an empty source or
+    target stay as empty lines (outputs align with references) unless ``--drop-empty``.
+``summ-convert IN OUT --id F --src F --tgt F``
+    Dialogue/summary records as published (SAMSum's JSON arrays, DialogSum's JSON
+    lines) to the ``id``/``src``/``tgt`` JSON lines that summ-split reads.
+``lead IN OUT --sentences N``
+    The first N sentences of every line (``split_sentences``), joined by a space: the
+    Lead-N baseline.
 ``clean-corpus``, ``sgm-extract``, ``refs-jsonl``, ``count-bin``
     Length/ratio filtering of a parallel corpus (as Moses' clean-corpus-n),
-    WMT SGML to plain text, references to JSON lists, and sentence counts of
-    binarized fairseq splits.
+    WMT SGML to plain text, references to JSON lists (``--split-sentences`` for
+    summaries), and sentence counts of binarized fairseq splits.
 ``compare-hyps --sentences N A B``
     Whether two fairseq-generate outputs hold the same hypotheses (``H-`` lines),
     sentence by sentence: exit code 0 when they do, 1 (with the ids) when not.
+
+The references of summaries in ``.refs.jsonl`` files (cnndm-split, summ-split,
+``refs-jsonl --split-sentences``) are JSON lists of strings whose sentences are
+separated by "\\n" (``split_sentences``), as rouge-score's ``rougeLsum`` reads them.
 
 Errors are reported as one line, ``cmasd-prep: error: ...``, with exit code 2.
 """
@@ -204,6 +221,12 @@ def cmd_spm_train(args: argparse.Namespace) -> None:
         _require_file(path, "training file")
     if args.vocab_size < 1:
         raise PrepError(f"bad vocab size {args.vocab_size}: must be a positive integer")
+    symbols = [symbol for symbol in args.user_defined_symbols.split(",") if symbol]
+    if any(_WHITESPACE.search(symbol) for symbol in symbols):
+        raise PrepError(
+            f"--user-defined-symbols {args.user_defined_symbols!r}: a symbol cannot hold "
+            "whitespace (write a word-initial space as \u2581, sentencepiece's own mark)"
+        )
     spm = _import_spm()
     spm.set_random_generator_seed(args.seed)
     prefix_dir = os.path.dirname(os.path.abspath(args.prefix))
@@ -223,6 +246,7 @@ def cmd_spm_train(args: argparse.Namespace) -> None:
             bos_id=1,
             eos_id=2,
             pad_id=-1,
+            user_defined_symbols=symbols,
             num_threads=args.threads,
             minloglevel=1,
         )
@@ -280,6 +304,29 @@ def cmd_spm_decode(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------- cnndm
 
 
+# A sentence ends at ., ! or ? (closing quotes and brackets included) before whitespace,
+# whatever the case of what follows (CNN/DM's processed text is lowercased).
+_SENTENCE_END = re.compile(r"""(?<=[.!?])(?:['"\u2019\u201d)\]]*)\s+""")
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of one summary, for ROUGE-Lsum (rouge-score's ``rougeLsum`` reads
+    sentences separated by newlines): existing line breaks are kept, and a line is cut
+    after ., ! or ? (with closing quotes or brackets) followed by whitespace. A rule, not a
+    model: abbreviations such as "Mr. Smith" are cut too, in references and hypotheses
+    alike."""
+    sentences = []
+    for line in text.splitlines():
+        pieces, start = [], 0
+        for match in _SENTENCE_END.finditer(line):
+            end = match.start() + len(match.group(0).rstrip())
+            pieces.append(line[start:end])
+            start = match.end()
+        pieces.append(line[start:])
+        sentences += [normalize_line(piece) for piece in pieces if piece.strip()]
+    return sentences
+
+
 def read_cnndm(path: str) -> Iterator[dict]:
     """Yield the records of a CNN/DailyMail jsonl file, checking their fields."""
     for lineno, line in enumerate(read_lines(path), start=1):
@@ -297,23 +344,169 @@ def read_cnndm(path: str) -> Iterator[dict]:
         yield record
 
 
+def reference_sentences(summary: str) -> str:
+    """A reference for ROUGE-Lsum: the sentences of the whitespace-normalized ``summary``
+    (split_sentences), separated by "\\n". Joined by spaces, they are the normalized text."""
+    return "\n".join(split_sentences(normalize_line(summary)))
+
+
 def cmd_cnndm_split(args: argparse.Namespace) -> None:
-    """``cnndm-split IN.jsonl OUTPREFIX``: write .src, .tgt and .refs.jsonl."""
+    """``cnndm-split IN.jsonl OUTPREFIX``: write .src, .tgt and .refs.jsonl (every
+    reference, its sentences separated by "\\n")."""
     records = list(read_cnndm(args.input))
     prefix = args.outprefix
     write_lines(f"{prefix}.src", (normalize_line(r["article"]) for r in records))
     write_lines(f"{prefix}.tgt", (normalize_line(r["refs"][0]) for r in records))
     write_lines(
-        f"{prefix}.refs.jsonl", (json.dumps(r["refs"], ensure_ascii=False) for r in records)
+        f"{prefix}.refs.jsonl",
+        (
+            json.dumps([reference_sentences(ref) for ref in r["refs"]], ensure_ascii=False)
+            for r in records
+        ),
     )
     info(f"cnndm-split: {len(records)} articles -> {prefix}.src, {prefix}.tgt, {prefix}.refs.jsonl")
 
 
 def cmd_refs_jsonl(args: argparse.Namespace) -> None:
     """``refs-jsonl IN OUT``: one single-reference JSON list per line."""
-    lines = (json.dumps([line], ensure_ascii=False) for line in read_lines(args.input))
+    convert = reference_sentences if args.split_sentences else (lambda line: line)
+    lines = (json.dumps([convert(line)], ensure_ascii=False) for line in read_lines(args.input))
     count = write_lines(args.output, lines)
     info(f"refs-jsonl: {count} lines -> {args.output}")
+
+
+def cmd_lead(args: argparse.Namespace) -> None:
+    """``lead IN OUT --sentences N``: the first N sentences of each line (split_sentences),
+    joined by one space: the Lead-N baseline of extractive summarization."""
+    if args.sentences < 1:
+        raise PrepError(f"bad --sentences {args.sentences}: must be a positive integer")
+    lines = (" ".join(split_sentences(line)[: args.sentences]) for line in read_lines(args.input))
+    count = write_lines(args.output, lines)
+    info(f"lead: first {args.sentences} sentences of {count} lines -> {args.output}")
+
+
+# -------------------------------------------------------------- summarization
+
+# A line break in a source or summary, as the corpora write them (SAMSum's corpus: CR LF).
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def join_turns(dialogue: str, separator: str) -> str:
+    """The turns of a dialogue (its lines, whitespace-normalized; empty lines dropped)
+    joined by ``" SEPARATOR "`` into one line."""
+    turns = (normalize_line(turn) for turn in _LINE_BREAK.split(dialogue))
+    return f" {separator} ".join(turn for turn in turns if turn)
+
+
+def read_json_records(path: str) -> Iterator[tuple]:
+    """(where, record) of a JSON array file or a JSON-lines file (blank lines skipped);
+    ``where`` names the record in messages."""
+    with open_text(path) as handle:
+        head = handle.read(4096).lstrip()
+    if head.startswith("["):
+        with open_text(path) as handle:
+            try:
+                records = json.load(handle)
+            except json.JSONDecodeError as exc:
+                raise PrepError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        for number, record in enumerate(records, start=1):
+            yield f"{path}: record {number}", record
+        return
+    for lineno, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PrepError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        yield f"{path}:{lineno}", record
+
+
+def _text_field(record, field: str, where: str, null_ok: bool = False) -> str:
+    """The string ``record[field]``; a JSON null is "" when ``null_ok``."""
+    value = record.get(field) if isinstance(record, dict) else None
+    if value is None and null_ok and isinstance(record, dict) and field in record:
+        return ""
+    if not isinstance(value, str):
+        raise PrepError(f"{where}: expected a JSON object with a string field '{field}'")
+    return value
+
+
+def cmd_summ_convert(args: argparse.Namespace) -> None:
+    """``summ-convert IN OUT --id F --src F --tgt F``: dialogue/summary records as published
+    (a JSON array, as in SAMSum's corpus.7z, or JSON lines, as DialogSum's) to the records
+    summ-split reads: one JSON object a line with ``id``, ``src`` and ``tgt``, every line
+    break written "\\n"."""
+    def convert() -> Iterator[str]:
+        for where, record in read_json_records(args.input):
+            identifier = record.get(args.id) if isinstance(record, dict) else None
+            if identifier is None:
+                raise PrepError(f"{where}: missing field '{args.id}'")
+            src = _text_field(record, args.src, where, null_ok=True)
+            tgt = _text_field(record, args.tgt, where, null_ok=True)
+            converted = {"id": str(identifier), "src": _LINE_BREAK.sub("\n", src),
+                         "tgt": _LINE_BREAK.sub("\n", tgt)}
+            yield json.dumps(converted, ensure_ascii=False)
+
+    count = write_lines(args.output, convert())
+    if not count:
+        raise PrepError(f"{args.input}: no records")
+    info(f"summ-convert: {count} records -> {args.output}")
+
+
+def cmd_summ_split(args: argparse.Namespace) -> None:
+    """``summ-split IN.jsonl OUTPREFIX``: summarization records (``src``, ``tgt``, optional
+    ``tgt_sents``) to OUTPREFIX.src and .tgt (one normalized line each) and, with --refs,
+    OUTPREFIX.refs.jsonl (one single-reference list a line, its sentences separated by
+    "\\n": ``tgt_sents`` when the record has them, else split_sentences of ``tgt``)."""
+    separator = args.turn_separator
+    if separator is not None and (not separator or _WHITESPACE.search(separator)):
+        raise PrepError(f"bad --turn-separator {separator!r}: one word, no whitespace")
+    prefix = args.outprefix
+    total = kept = 0
+    empty: list = []
+    with contextlib.ExitStack() as stack:
+        out_src = stack.enter_context(atomic_output(f"{prefix}.src"))
+        out_tgt = stack.enter_context(atomic_output(f"{prefix}.tgt"))
+        out_refs = stack.enter_context(atomic_output(f"{prefix}.refs.jsonl")) if args.refs else None
+        for where, record in read_json_records(args.input):
+            total += 1
+            src = _text_field(record, "src", where)
+            tgt = normalize_line(_text_field(record, "tgt", where))
+            src = join_turns(src, separator) if separator else normalize_line(src)
+            if not src or not tgt:
+                empty.append(str(record.get("id", where)))
+                if args.drop_empty:
+                    continue
+            out_src.write(src + "\n")
+            out_tgt.write(tgt + "\n")
+            kept += 1
+            if out_refs is not None:
+                sentences = record.get("tgt_sents")
+                if sentences is None:
+                    reference = reference_sentences(tgt)
+                elif isinstance(sentences, list) and all(isinstance(s, str) for s in sentences):
+                    reference = "\n".join(normalize_line(s) for s in sentences if s.strip())
+                else:
+                    raise PrepError(f"{where}: field 'tgt_sents' must be a list of strings")
+                out_refs.write(json.dumps([reference], ensure_ascii=False) + "\n")
+        if args.expect is not None and total != args.expect:
+            raise PrepError(
+                f"{args.input} holds {total} records, expected {args.expect}"
+                " (corrupt or different download?)"
+            )
+    outputs = f"{prefix}.src, .tgt" + (", .refs.jsonl" if args.refs else "")
+    info(f"summ-split: {kept} of {total} records -> {outputs}")
+    if empty and args.drop_empty:
+        info(
+            f"summ-split: dropped {len(empty)} records with an empty source or target"
+            f" (ids {_some(empty)})"
+        )
+    elif empty:
+        info(
+            f"summ-split: kept {len(empty)} records with an empty source or target, as empty"
+            f" lines (ids {_some(empty)})"
+        )
 
 
 # ------------------------------------------------------------- parallel text
@@ -500,6 +693,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=4192,
         help="longer lines (bytes) are skipped in training (default 4192)",
     )
+    p.add_argument(
+        "--user-defined-symbols",
+        default="",
+        metavar="SYM[,SYM...]",
+        help="comma-separated strings that are always one piece (e.g. \u2581<br>: a "
+        "separator written ' <br> ' in the text, its leading space included)",
+    )
     p.add_argument("--seed", type=_int_arg, default=1, help="sampling seed (default 1)")
     p.add_argument(
         "--threads",
@@ -532,9 +732,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cnndm_split)
 
     p = sub.add_parser("refs-jsonl", help="one reference per line -> one JSON list per line")
+    p.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="separate the reference's sentences by a line break (for ROUGE-Lsum)",
+    )
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")
     p.set_defaults(func=cmd_refs_jsonl)
+
+    p = sub.add_parser("lead", help="the first N sentences of each line (Lead-N baseline)")
+    p.add_argument("--sentences", type=_int_arg, default=3, help="N (default 3)")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_lead)
+
+    p = sub.add_parser(
+        "summ-convert", help="published dialogue/summary JSON -> id/src/tgt JSON lines"
+    )
+    p.add_argument("--id", default="id", help="the field of the record's id (default id)")
+    p.add_argument("--src", default="dialogue", help="the source field (default dialogue)")
+    p.add_argument("--tgt", default="summary", help="the summary field (default summary)")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_summ_convert)
+
+    p = sub.add_parser(
+        "summ-split", help="id/src/tgt JSON lines -> OUTPREFIX.src/.tgt(/.refs.jsonl)"
+    )
+    p.add_argument(
+        "--turn-separator",
+        default=None,
+        metavar="WORD",
+        help="the source is a dialogue: its lines (turns) joined by ' WORD ' (default: "
+        "line breaks become spaces)",
+    )
+    p.add_argument(
+        "--drop-empty",
+        action="store_true",
+        help="leave out records whose source or target is empty (training data); by "
+        "default they stay as empty lines",
+    )
+    p.add_argument("--refs", action="store_true", help="also write OUTPREFIX.refs.jsonl")
+    p.add_argument(
+        "--expect", type=_int_arg, default=None, metavar="N",
+        help="fail unless IN holds N records",
+    )
+    p.add_argument("input", metavar="IN.jsonl")
+    p.add_argument("outprefix", metavar="OUTPREFIX")
+    p.set_defaults(func=cmd_summ_split)
 
     p = sub.add_parser(
         "clean-corpus", help="drop pairs by length and length ratio (clean-corpus-n)"
