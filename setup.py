@@ -38,6 +38,7 @@ setup(
             "cmasd-bench = cmasd.tools.bench:cli_main",
             "cmasd-tune = cmasd.tools.tune:cli_main",
             "cmasd-prep = cmasd.tools.prep:cli_main",
+            "cmasd-rouge = cmasd.tools.rouge:cli_main",
         ],
     },
 )

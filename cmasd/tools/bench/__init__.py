@@ -4,7 +4,7 @@ decoders on one data split, measured the same way in one process.
     cmasd-bench DATA --path VERIFIER.pt [--drafter-path DRAFTER.pt] [--ar-drafter-path AR.pt] \\
         [--gen-subset test] [--configs beam5,greedy,specdec-k10,cmasd] \\
         [--batch-sizes 1,16] [--repeats 3] [--warmup 1] [--threads N] \\
-        [--max-sentences N] [--references RAW.txt] [--metric bleu|rouge] \\
+        [--max-sentences N] [--references RAW.txt|REFS.jsonl] [--metric bleu|rouge] \\
         [--sampling [--temperature T] [--sampling-topk K] [--sampling-topp P] [--seeds 1,2,3]] \\
         [--set KEY=VALUE ...] [--out-dir checkpoints/bench]
 
@@ -28,6 +28,15 @@ What it does, in order:
 4. scores every recorded pass of every configuration (once per distinct output: greedy
    decoding gives the same output every pass) and writes ``bench.md``, ``bench.json`` and
    ``latency-throughput.png`` under ``--out-dir``.
+
+Quality is measured on the detokenized output against the raw references of the whole split
+(``--references``): one per line, or a ``.jsonl`` file with one JSON list of one or more
+references per line; with ``--metric rouge`` the default is DATA/raw/SUBSET.refs.jsonl
+where it exists (``cmasd-prep cnndm-split`` writes it), else DATA/raw/SUBSET.TGT.
+``--metric bleu`` is sacreBLEU (13a), multi-reference with a ``.jsonl``; ``--metric
+rouge`` gives ROUGE-1, ROUGE-2, ROUGE-L and ROUGE-Lsum F1 x 100 as ``cmasd-rouge`` scores
+them (``cmasd.tools.rouge``: stemmed; Lsum over the sentences of
+``cmasd.tools.prep.split_sentences``; each line's best F1 per measure over its references).
 
 With ``--sampling`` every decoder samples with fairseq's sampling options: the greedy row
 is fairseq's sampling (``--beam 1``), the speculative rows use ``--spec-acceptance
@@ -54,7 +63,7 @@ Errors in the command line, the files or the configurations are one line on stde
 
 The package: ``configs`` (named and ad-hoc configurations), ``loading`` (models, split,
 batches, generators), ``measure`` (timing), ``floor`` (the teacher-forced floor),
-``scoring`` (detokenizing, BLEU, ROUGE), ``report`` (rows, table, figure, JSON), ``ct2``
+``scoring`` (detokenizing, BLEU, ROUGE through ``cmasd.tools.rouge``, the references), ``report`` (rows, table, figure, JSON), ``ct2``
 (the CTranslate2 rows), ``cli``.
 """
 

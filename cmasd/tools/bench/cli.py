@@ -44,6 +44,7 @@ from cmasd.tools.bench.report import (
     write_json,
 )
 from cmasd.tools.bench.scoring import (
+    References,
     TextTools,
     load_spm,
     read_references,
@@ -107,10 +108,14 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     parser.add_argument("--fp16", action="store_true", help="half-precision models (GPU)")
     parser.add_argument("--spm-model", help="sentencepiece model to detokenize output (default: DATA/spm.model "
                         "if present, else fairseq's --post-process sentencepiece rule)")
-    parser.add_argument("--references", help="raw (untokenized) references, one per line of the whole split "
-                        "(default: DATA/raw/SUBSET.TGT)")
+    parser.add_argument("--references", help="raw (untokenized) references of the whole split: one per line, or "
+                        "FILE.jsonl, one JSON list of references per line (sentences separated by \\n) "
+                        "(default: DATA/raw/SUBSET.TGT; with --metric rouge, DATA/raw/SUBSET.refs.jsonl where "
+                        "it exists)")
     parser.add_argument("--metric", choices=["bleu", "rouge"], default="bleu",
-                        help="bleu: sacreBLEU (13a); rouge: ROUGE-1/2/L F1 with stemming")
+                        help="bleu: sacreBLEU (13a; multi-reference with a .jsonl); rouge: ROUGE-1, ROUGE-2, ROUGE-L "
+                        "and ROUGE-Lsum F1 x 100 with stemming, as cmasd-rouge scores them (Lsum over the sentences "
+                        "of cmasd.tools.prep.split_sentences; with several references, each line's best F1)")
     parser.add_argument("--sampling", action="store_true",
                         help="sample instead of decoding greedily, as fairseq-generate --sampling: the greedy row is "
                         "fairseq's sampling, the speculative rows sample (--spec-acceptance rejection); every "
@@ -223,7 +228,7 @@ class Bench:
 
     setup: Setup
     text: TextTools
-    refs: List[str]
+    refs: References
     spm_path: Optional[str]
     refs_path: str
 

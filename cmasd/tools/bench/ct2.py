@@ -14,7 +14,8 @@ times (``generate(models, sample)``): each source row, pad and eos removed, goes
 ``Translator.translate_batch`` as dictionary symbols with ``beam_size=1``, fairseq's
 ``max_len`` rule (``min(max_len_a * S + max_len_b, max_decoder_positions - 1)``, S the
 padded source length of the batch) as ``max_decoding_length`` and fairseq's
-``min_len`` as ``min_decoding_length``; the output symbols come back as ids with eos
+``min_len`` as ``min_decoding_length``, ``--no-repeat-ngram-size`` as its own
+``no_repeat_ngram_size``; the output symbols come back as ids with eos
 appended, as fairseq's hypotheses end. The id/symbol mapping and the call are inside
 the timed region, as fairseq's own bookkeeping is.
 
@@ -153,6 +154,7 @@ class CT2Greedy:
         self.src_skip = {src_dict.pad(), src_dict.eos()}
         self.unk, self.eos = tgt_dict.unk(), tgt_dict.eos()
         self.max_len_a, self.max_len_b, self.min_len = gen_cfg.max_len_a, gen_cfg.max_len_b, gen_cfg.min_len
+        self.no_repeat_ngram_size = gen_cfg.no_repeat_ngram_size
         self.max_decoder_positions = max_decoder_positions
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "cmasd.tools.ct2_worker", model_dir, compute_type, str(threads)],
@@ -164,7 +166,9 @@ class CT2Greedy:
     def request(self, batch: List[List[str]], max_len: int = 1) -> List[List[str]]:
         """One ``translate_batch`` call in the worker: source symbols in, output symbols out."""
         try:
-            self.worker.stdin.write(json.dumps({"batch": batch, "max_len": max_len, "min_len": self.min_len}) + "\n")
+            request = {"batch": batch, "max_len": max_len, "min_len": self.min_len,
+                       "no_repeat_ngram_size": self.no_repeat_ngram_size}
+            self.worker.stdin.write(json.dumps(request) + "\n")
             self.worker.stdin.flush()
             answer = self.worker.stdout.readline()
         except BrokenPipeError:

@@ -14,7 +14,7 @@ import torch
 from cmasd.tools.bench.configs import BEAM5, FLOOR, GREEDY, BenchConfig
 from cmasd.tools.bench.loading import Setup
 from cmasd.tools.bench.measure import Measurements
-from cmasd.tools.bench.scoring import TextTools, bleu, quality_columns
+from cmasd.tools.bench.scoring import ROUGE_KEYS, References, TextTools, bleu, quality_columns
 
 # --------------------------------------------------------------------------- rows
 
@@ -28,7 +28,8 @@ COLUMNS: Dict[str, str] = {
     "bleu": "sacreBLEU of the detokenized output against the raw references (--metric bleu)",
     "rouge1": "ROUGE-1 F1 x 100 (--metric rouge)",
     "rouge2": "ROUGE-2 F1 x 100 (--metric rouge)",
-    "rougeL": "ROUGE-L F1 x 100 (--metric rouge)",
+    "rougeL": "ROUGE-L F1 x 100: longest common subsequence of the whole texts (--metric rouge)",
+    "rougeLsum": "ROUGE-Lsum F1 x 100: summary-level LCS over the sentences, order-free (--metric rouge)",
     "quality_std": "standard deviation of the quality column(s) over the recorded passes (the seeds of --sampling; "
     "0 where every pass decodes the same)",
     "bleu_vs_greedy": "sacreBLEU of the output with greedy's output (same batch size) as reference",
@@ -65,7 +66,7 @@ SPECULATIVE_STATS = [
 
 def columns(metric: str) -> Dict[str, str]:
     """The columns of every row for ``metric``."""
-    drop = {"bleu", "rouge1", "rouge2", "rougeL"} - set(quality_columns(metric))
+    drop = {"bleu", *ROUGE_KEYS} - set(quality_columns(metric))
     return {k: v for k, v in COLUMNS.items() if k not in drop}
 
 
@@ -113,7 +114,7 @@ def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: 
     }
 
 
-def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, refs: List[str],
+def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, refs: References,
                 n_batches: int, have_beam5: bool) -> Dict[str, Any]:
     """Quality, agreement with greedy, speculative statistics and timing of one
     configuration at one batch size."""
@@ -125,7 +126,7 @@ def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, 
     stats = mean_stats([r.stats for r in m.runs[(config.name, bs)]]) if config.speculative else None
     row = {"config": config.name, "kind": config.kind, "batch_size": bs, "sentences": len(ids), "batches": n_batches}
     row.update(pass_quality(m.runs[(config.name, bs)], ids, text, refs))
-    row["bleu_vs_greedy"] = bleu(hyp_text, greedy_text)
+    row["bleu_vs_greedy"] = bleu(hyp_text, [[g] for g in greedy_text])
     row["exact_match_vs_greedy"] = statistics.fmean(hyps[i] == greedy[i] for i in ids)
     row.update({k: (stats[k] if stats else None) for k in SPECULATIVE_STATS})
     if config.name == GREEDY:
@@ -139,7 +140,7 @@ def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, 
     return row
 
 
-def pass_quality(runs, ids: List[int], text: TextTools, refs: List[str]) -> Dict[str, float]:
+def pass_quality(runs, ids: List[int], text: TextTools, refs: References) -> Dict[str, float]:
     """The quality columns, mean over the recorded passes (each scored once per distinct
     output: sampled passes differ by seed), and ``quality_std``, the standard deviation
     of the first quality column over them."""
@@ -165,7 +166,7 @@ def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, have_beam5:
     return row
 
 
-def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, refs: List[str],
+def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, refs: References,
               batch_counts: Mapping[int, int]) -> List[Dict[str, Any]]:
     """Every configuration at every batch size, then the floor, in order."""
     have_beam5 = any(c.name == BEAM5 for c in configs)
@@ -186,6 +187,7 @@ TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
     ("rouge1", "R-1", "q"),
     ("rouge2", "R-2", ".2f"),
     ("rougeL", "R-L", ".2f"),
+    ("rougeLsum", "R-Lsum", ".2f"),
     ("bleu_vs_greedy", "BLEU vs greedy", ".2f"),
     ("exact_match_vs_greedy", "exact %", "%"),
     ("mean_accepted_tokens", "tok/iter", ".2f"),

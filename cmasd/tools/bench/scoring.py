@@ -1,13 +1,20 @@
-"""Detokenizing and scoring the output: sacreBLEU or ROUGE against the raw references."""
+"""Detokenizing and scoring the output: sacreBLEU or ROUGE against the raw references.
+
+References are read per line of the split as a list of one or more (``References``): a
+plain file holds one per line, a ``.jsonl`` file one JSON list per line. ROUGE
+(``cmasd.tools.rouge``, shared with ``cmasd-rouge``) keeps each line's best F1 per
+measure over its references; BLEU is sacreBLEU's multi-reference corpus BLEU, the lists
+padded with ``None`` to the longest, as sacreBLEU takes a varying number of references.
+"""
 
 import os
-import statistics
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 import torch
 
 from cmasd.tools.bench.configs import BenchError
+from cmasd.tools.rouge import ROUGE_KEYS, References, ScoringError, read_reference_file, rouge
 
 # --------------------------------------------------------------------------- scoring
 
@@ -30,30 +37,25 @@ class TextTools:
 
         return post_process(pieces, "sentencepiece")
 
-    def quality(self, hyps: List[str], refs: List[str]) -> Dict[str, float]:
-        """bleu: sacreBLEU (13a); rouge: ROUGE-1/2/L F1 x 100, stemmed."""
+    def quality(self, hyps: List[str], refs: References) -> Dict[str, float]:
+        """bleu: sacreBLEU (13a); rouge: ROUGE-1/2/L/Lsum F1 x 100, stemmed (``rouge``)."""
         if self.metric == "bleu":
             return {"bleu": bleu(hyps, refs)}
         return rouge(hyps, refs)
 
 
-def bleu(hyps: List[str], refs: List[str]) -> float:
+def bleu(hyps: Sequence[str], refs: References) -> float:
+    """sacreBLEU (13a) with every reference of each line; lines with fewer references
+    are padded with ``None``, and a reference's line breaks are spaces."""
     import sacrebleu
 
-    return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
-
-
-def rouge(hyps: List[str], refs: List[str]) -> Dict[str, float]:
-    from rouge_score import rouge_scorer
-
-    keys = ["rouge1", "rouge2", "rougeL"]
-    scorer = rouge_scorer.RougeScorer(keys, use_stemmer=True)
-    scores = [scorer.score(ref, hyp) for hyp, ref in zip(hyps, refs)]
-    return {k: 100.0 * statistics.fmean(s[k].fmeasure for s in scores) for k in keys}
+    streams = [[r[j].replace("\n", " ") if j < len(r) else None for r in refs]
+               for j in range(max(map(len, refs), default=1))]
+    return float(sacrebleu.corpus_bleu(list(hyps), streams).score)
 
 
 def quality_columns(metric: str) -> List[str]:
-    return ["bleu"] if metric == "bleu" else ["rouge1", "rouge2", "rougeL"]
+    return ["bleu"] if metric == "bleu" else list(ROUGE_KEYS)
 
 
 def load_spm(args):
@@ -67,17 +69,25 @@ def load_spm(args):
 
 
 def references_path(args, target_lang: str) -> str:
-    """``--references``, else DATA/raw/SUBSET.TGT as the data-prep scripts write it."""
-    path = args.references or os.path.join(args.data, "raw", f"{args.gen_subset}.{target_lang}")
+    """``--references``; else, with ``--metric rouge``, DATA/raw/SUBSET.refs.jsonl where it
+    exists (every reference, as ``cmasd-prep cnndm-split`` writes them); else
+    DATA/raw/SUBSET.TGT as the data-prep scripts write it."""
+    raw = os.path.join(args.data, "raw", args.gen_subset)
+    path = args.references
+    if path is None and args.metric == "rouge" and os.path.isfile(raw + ".refs.jsonl"):
+        path = raw + ".refs.jsonl"
+    path = path or f"{raw}.{target_lang}"
     if not os.path.isfile(path):
         raise BenchError(f"references not found: {path} (give the raw references with --references)")
     return path
 
 
-def read_references(path: str, split_size: int) -> List[str]:
-    """One raw reference per sentence of the whole split."""
-    with open(path, encoding="utf-8") as f:
-        refs = [line.rstrip("\n") for line in f]
+def read_references(path: str, split_size: int) -> References:
+    """The references of every sentence of the whole split (``read_reference_file``)."""
+    try:
+        refs = read_reference_file(path)
+    except ScoringError as e:
+        raise BenchError(str(e)) from None
     if len(refs) != split_size:
         raise BenchError(f"references {path} have {len(refs)} lines but the split has {split_size} sentences")
     return refs
