@@ -116,3 +116,26 @@ def ar_drafter(multi30k, verifier, tmp_path_factory):
          "--no-epoch-checkpoints", "--seed", "1"]
     )
     return save / "checkpoint_last.pt"
+
+
+SAMSUM_OPTIONS = ["--vocab-size", "1000"]
+
+
+@pytest.fixture(scope="session")
+def samsum_mirror():
+    """The mirror folder with SAMSum, or a skip."""
+    path = mirror_dir()
+    for split in ("train", "validation", "test"):
+        if not (path / "samsum" / f"{split}.jsonl.gz").is_file():
+            pytest.skip(f"no samsum/{split}.jsonl.gz in the mirror at {path} (set CMASD_DATA_MIRROR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def samsum(samsum_mirror, tmp_path_factory):
+    """data-bin of SAMSum (14,731 / 818 / 819 dialogues) made by prepare-samsum.sh in mirror
+    mode with a 1,000-piece vocabulary."""
+    dest = tmp_path_factory.mktemp("data-bin") / "samsum"
+    run(["bash", REPO / "data-prep" / "prepare-samsum.sh", "--dest", dest, *SAMSUM_OPTIONS],
+        env={"CMASD_DATA_MIRROR": str(samsum_mirror)})
+    return dest

@@ -20,19 +20,18 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, mirror_dir, run, tool_env
+from conftest import BIN, REPO, SAMSUM_OPTIONS, mirror_dir, run, tool_env
 
 from cmasd.tools.prep import main as prep_main
 from cmasd.tools.prep import normalize_line, split_sentences
 
-SAMSUM = REPO / "data-prep" / "prepare-samsum.sh"
+SAMSUM = REPO / "data-prep" / "prepare-samsum.sh"  # the fixtures samsum and samsum_mirror: conftest
 CNNDM = REPO / "data-prep" / "prepare-cnndm.sh"
 SAMSUM_SIZES = {"train": 14731, "valid": 818, "test": 819}
 DIALOGSUM_TRAIN = 12460
 PARTIAL_SIZES = {"train": 39227, "valid": 4368, "test": 4490}
 TURN_PIECE = "\u2581<br>"
 DEFAULT_MAX_SOURCE = 1000  # prepare-samsum.sh's --max-source-tokens
-SAMSUM_OPTIONS = ["--vocab-size", "1000"]
 DIALOGSUM_MAX_SOURCE = 64
 PARTIAL_MAX_SOURCE = 100
 
@@ -66,18 +65,6 @@ def token_counts(path):
 
 
 # ------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="module")
-def samsum_mirror():
-    return mirror_with("samsum/train.jsonl.gz", "samsum/validation.jsonl.gz", "samsum/test.jsonl.gz")
-
-
-@pytest.fixture(scope="module")
-def samsum(samsum_mirror, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("data-bin") / "samsum"
-    run(["bash", SAMSUM, "--dest", dest, *SAMSUM_OPTIONS], env={"CMASD_DATA_MIRROR": str(samsum_mirror)})
-    return dest
 
 
 @pytest.fixture(scope="module")
