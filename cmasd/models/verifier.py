@@ -63,7 +63,11 @@ def load_verifier(path: str, task):
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     model_cfg = state["cfg"].model
     embed_rows = state["model"].get("decoder.embed_tokens.weight")
-    if embed_rows is not None and embed_rows.size(0) != len(task.target_dictionary):
+    symbols = len(task.target_dictionary)
+    # fairseq's pretrained BART (bart.base, bart.large) has one row more, its denoising
+    # task's <mask>, which BART's own state-dict upgrade drops on loading
+    mask_row = embed_rows is not None and embed_rows.size(0) == symbols + 1 and "<mask>" not in task.target_dictionary
+    if embed_rows is not None and embed_rows.size(0) != symbols and not mask_row:
         raise ValueError(
             f"--verifier-path {path}: the verifier has {embed_rows.size(0)} target symbols but "
             f"the data's dictionary has {len(task.target_dictionary)}: binarize the data "

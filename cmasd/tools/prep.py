@@ -16,6 +16,9 @@ step that touches text, so that the same rules apply to every corpus:
     piece (``\u2581<br>``: a dialogue's turn separator, its leading space included).
 ``spm-encode --model M IN OUT`` / ``spm-decode --model M IN OUT``
     Text to space-separated pieces and back, one line per line.
+``gpt2-encode --encoder-json E --vocab-bpe V IN OUT``
+    Text to the ids of its GPT-2 byte-level BPE tokens (fairseq's BART and RoBERTa
+    models: their ``dict.txt`` lists these ids), one line per line; needs fairseq.
 ``cnndm-split IN.jsonl OUTPREFIX``
     CNN/DailyMail jsonl (``article``, ``refs``) to ``.src``/``.tgt``/``.refs.jsonl``.
 ``summ-split IN.jsonl OUTPREFIX [--turn-separator WORD] [--drop-empty] [--refs]``
@@ -299,6 +302,33 @@ def cmd_spm_decode(args: argparse.Namespace) -> None:
     decoded = (sp.decode(line.split()) for line in read_lines(args.input))
     count = write_lines(args.output, decoded)
     info(f"spm-decode: {count} lines -> {args.output}")
+
+
+def load_gpt2_bpe(encoder_json: str, vocab_bpe: str):
+    """fairseq's GPT-2 byte-level BPE (``gpt2_bpe_utils``, as ``--bpe gpt2`` decodes) of
+    ``encoder.json`` and ``vocab.bpe`` (the files of fairseq's BART and RoBERTa models)."""
+    _require_file(encoder_json, "--encoder-json")
+    _require_file(vocab_bpe, "--vocab-bpe")
+    try:
+        from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+    except ImportError as exc:
+        raise PrepError(f"gpt2-encode needs fairseq (and its regex package): {_first_line(exc)}") from None
+    try:
+        return get_encoder(encoder_json, vocab_bpe)
+    except (ValueError, KeyError) as exc:
+        raise PrepError(f"not a GPT-2 BPE: {encoder_json}, {vocab_bpe} ({_first_line(exc)})") from None
+
+
+def cmd_gpt2_encode(args: argparse.Namespace) -> None:
+    """``gpt2-encode --encoder-json E --vocab-bpe V IN OUT``: each line as the ids of its
+    GPT-2 BPE tokens, space-separated (fairseq's ``multiprocessing_bpe_encoder.py``);
+    a BART ``dict.txt`` holds these ids as its symbols."""
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise PrepError(f"bad --max-tokens {args.max_tokens}: must be a positive integer")
+    bpe = load_gpt2_bpe(args.encoder_json, args.vocab_bpe)
+    encoded = (" ".join(map(str, bpe.encode(line.strip())[: args.max_tokens])) for line in read_lines(args.input))
+    count = write_lines(args.output, encoded)
+    info(f"gpt2-encode: {count} lines -> {args.output}")
 
 
 # ---------------------------------------------------------------------- cnndm
@@ -725,6 +755,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")
     p.set_defaults(func=cmd_spm_decode)
+
+    p = sub.add_parser("gpt2-encode", help="text -> GPT-2 BPE ids (BART, RoBERTa), line by line")
+    p.add_argument("--encoder-json", required=True, help="the model's encoder.json")
+    p.add_argument("--vocab-bpe", required=True, help="the model's vocab.bpe")
+    p.add_argument("--max-tokens", type=_int_arg, default=None, help="keep at most N tokens per line")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.set_defaults(func=cmd_gpt2_encode)
 
     p = sub.add_parser("cnndm-split", help="CNN/DM jsonl -> OUTPREFIX.src/.tgt/.refs.jsonl")
     p.add_argument("input", metavar="IN.jsonl")

@@ -24,6 +24,7 @@ Other splits use fixed, evenly spread cut points ``1 + floor(g * n / cuts)``,
 ``g = 0 .. cuts-1``, so validation figures compare across epochs and runs.
 """
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -149,6 +150,17 @@ class TranslationSpeculativeTask(TranslationTask):
                     return plain(model, sample)
 
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def build_bpe(self, args):
+        """fairseq's BPE, after checking that its model files exist (fairseq's own message
+        for a missing sentencepiece model or GPT-2 ``encoder.json`` is a traceback from
+        deep inside the tokenizer)."""
+        for option, path in (("--sentencepiece-model", getattr(args, "sentencepiece_model", None)),
+                             ("--gpt2-encoder-json", getattr(args, "gpt2_encoder_json", None)),
+                             ("--gpt2-vocab-bpe", getattr(args, "gpt2_vocab_bpe", None))):
+            if path and "://" not in str(path) and not os.path.isfile(path):
+                raise FileNotFoundError(f"{option}: file not found: {path}")
+        return super().build_bpe(args)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """The speculative generator when a drafter is named (verifier = ``models[0]``,

@@ -1,0 +1,141 @@
+"""A BART of fairseq's model zoo as the verifier: ``model.pt`` + ``dict.txt`` + GPT-2 BPE
+(``encoder.json``, ``vocab.bpe``), as ``bart.base`` and ``bart.large.cnn`` come.
+
+No pretrained model is downloaded: a tiny BART (``--arch bart_base``) is trained for a few
+updates on Multi30k text encoded with a small GPT-2 byte-level BPE the test learns itself,
+and saved in the zoo's layout, with the extra ``<mask>`` embedding row of ``bart.base``. The
+path a user takes: ``cmasd-prep gpt2-encode``, fairseq-preprocess with the model's
+``dict.txt``, ``train-drafter.sh`` (the Spec-Drafter starts from the BART's encoder), then
+``fairseq-generate --bpe gpt2``: lossless, detokenized text out, and a missing BPE file named.
+"""
+
+import collections
+import json
+import subprocess
+
+import pytest
+import torch
+from conftest import BIN, PLUGINS, REPO, run, tool_env
+from test_generate import hypotheses
+
+SENTENCES = 48
+MERGES = 200
+
+
+def learn_gpt2_bpe(lines, merges: int):
+    """(encoder.json mapping, merge list) of a byte-level BPE learned on ``lines`` with
+    GPT-2's pre-tokenizer and byte-to-unicode alphabet."""
+    import regex
+    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
+
+    byte_encoder = bytes_to_unicode()
+    pat = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    words = collections.Counter(
+        tuple(byte_encoder[b] for b in token.encode("utf-8")) for line in lines for token in pat.findall(line)
+    )
+    vocab = list(byte_encoder.values())
+    learned = []
+    for _ in range(merges):
+        pairs = collections.Counter()
+        for word, count in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        learned.append(best)
+        vocab.append(best[0] + best[1])
+        merged = collections.Counter()
+        for word, count in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return {token: i for i, token in enumerate(vocab)}, learned
+
+
+@pytest.fixture(scope="module")
+def zoo_bart(multi30k, tmp_path_factory):
+    """(model directory in the zoo's layout, data-bin of its test sentences, train data-bin)."""
+    work = tmp_path_factory.mktemp("zoo-bart")
+    raw = {(split, lang): (multi30k / "raw" / f"{split}.{lang}").read_text().splitlines()
+           for split in ("train", "valid", "test") for lang in ("en", "de")}
+    raw = {key: lines[:3000] if key[0] == "train" else lines[:SENTENCES] for key, lines in raw.items()}
+    encoder, merges = learn_gpt2_bpe(raw["train", "en"][:1500] + raw["train", "de"][:1500], MERGES)
+    model_dir = work / "bart.tiny"
+    model_dir.mkdir()
+    (model_dir / "encoder.json").write_text(json.dumps(encoder))
+    (model_dir / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    # dict.txt lists the BPE ids, as BART's does
+    (model_dir / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(len(encoder))))
+
+    text = work / "text"
+    text.mkdir()
+    for (split, lang), lines in raw.items():
+        (text / f"{split}.raw.{lang}").write_text("".join(line + "\n" for line in lines))
+        run([BIN / "python", "-m", "cmasd.tools.prep", "gpt2-encode", "--encoder-json", model_dir / "encoder.json",
+             "--vocab-bpe", model_dir / "vocab.bpe", text / f"{split}.raw.{lang}", text / f"{split}.{lang}"])
+    data = work / "bin"
+    run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", text / "train",
+         "--validpref", text / "valid", "--testpref", text / "test", "--destdir", data,
+         "--srcdict", model_dir / "dict.txt", "--joined-dictionary", "--workers", "1"])
+
+    save = work / "train"
+    run([BIN / "fairseq-train", data, "--user-dir", PLUGINS, "--arch", "bart_base",
+         "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+         "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "2",
+         "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "3e-3", "--max-update", "40",
+         "--max-tokens", "4096", "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar",
+         "--disable-validation", "--cpu", "--num-workers", "0", "--seed", "1"])
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    model = state["model"]
+    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        if key in model:  # bart.base: one more row, its denoising task's <mask>
+            model[key] = torch.cat([model[key], torch.zeros(1, model[key].size(1))])
+    state.pop("last_optimizer_state", None)  # the zoo's files come without it
+    torch.save(state, model_dir / "model.pt")
+    return model_dir, data
+
+
+def generate(model_dir, data, *options):
+    cmd = [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
+           "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1", "--max-len-b", "40",
+           "--batch-size", "16", "--required-batch-size-multiple", "1", "--bpe", "gpt2",
+           "--gpt2-encoder-json", model_dir / "encoder.json", "--gpt2-vocab-bpe", model_dir / "vocab.bpe", *options]
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=REPO, env=tool_env())
+
+
+def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_a_drafter_from_its_encoder(zoo_bart, tmp_path):
+    model_dir, data = zoo_bart
+    drafter = tmp_path / "drafter"
+    run(["bash", REPO / "data-prep" / "train-drafter.sh", data, model_dir / "model.pt", "--max-update", "2",
+         "--save-dir", drafter, "--no-epoch-checkpoints", "--disable-validation"])
+    greedy = generate(model_dir, data)
+    assert greedy.returncode == 0, greedy.stderr[-3000:]
+    spec = generate(model_dir, data, "--drafter-path", drafter / "checkpoint_last.pt", "--spec-k", "6",
+                    "--spec-source-ngram", "1", "--spec-acceptance", "exact")
+    assert spec.returncode == 0, spec.stderr[-3000:]
+    expected, got = hypotheses(greedy.stdout), hypotheses(spec.stdout)
+    assert sorted(got) == sorted(expected) == list(range(SENTENCES))
+    assert all(got[i][1] == expected[i][1] for i in expected)
+    # detokenized through GPT-2's byte decoder: text, not ids
+    detok = [line.split("\t")[2] for line in spec.stdout.splitlines() if line.startswith("D-")]
+    assert len(detok) == SENTENCES and any(any(c.isalpha() for c in line) for line in detok)
+
+
+def test_a_missing_bpe_file_is_named(zoo_bart, tmp_path):
+    model_dir, data = zoo_bart
+    proc = subprocess.run(
+        [str(c) for c in [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
+                          "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1",
+                          "--bpe", "gpt2", "--gpt2-encoder-json", tmp_path / "missing.json",
+                          "--gpt2-vocab-bpe", model_dir / "vocab.bpe", "--spec-source-ngram", "1"]],
+        capture_output=True, text=True, cwd=REPO, env=tool_env())
+    assert proc.returncode != 0
+    assert f"--gpt2-encoder-json: file not found: {tmp_path / 'missing.json'}" in proc.stderr
