@@ -302,3 +302,36 @@ def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
         assert torch.equal(got["encoder_padding_mask"][0], expected["encoder_padding_mask"][0])
         assert torch.equal(got["src_lengths"][0], expected["src_lengths"][0])
         torch.testing.assert_close(got["encoder_embedding"][0], expected["encoder_embedding"][0])
+
+
+@pytest.mark.parametrize("variant", ["post-norm", "bart"])
+def test_a_long_source_encodes_and_decodes_as_fairseq(variant):
+    """A source long enough for the fused attention kernel (FUSED_ATTENTION_MIN_PAIRS) in
+    the encoder, left-padded rows too; the cross keys of every later block come from it."""
+    from cmasd.decoding.attention import FUSED_ATTENTION_MIN_PAIRS, encoder_of
+
+    model, dictionary = tiny_transformer(False, False) if variant == "post-norm" else VARIANTS[variant]()
+    pad, length = dictionary.pad(), 300
+    assert length * length >= FUSED_ATTENTION_MIN_PAIRS
+    if variant == "bart":  # room for a long source in its learned positions (64 at build)
+        model.encoder.embed_positions.weight.data = torch.randn(length + 2, 32)
+        model.decoder.embed_positions.weight.data = torch.randn(length + 2, 32)
+    torch.manual_seed(7)
+    src = torch.randint(4, len(dictionary), (2, length))
+    src[:, -1] = dictionary.eos()
+    src[1, : length // 3] = pad
+    net_input = {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}
+    tgt = torch.randint(4, len(dictionary), (2, 6))
+    tgt[:, 0] = dictionary.eos()
+    with torch.no_grad():
+        expected_enc = model.encoder.forward_torchscript(net_input)
+        expected = incremental_logits(model, expected_enc, tgt)  # (B, T, V)
+        got_enc = encoder_of(model.encoder, "native")(net_input)
+        scorer = BlockScorer(model.decoder)
+        cache = scorer.start(got_enc, capacity=8)
+        got = torch.cat([scorer.score(cache, tgt[:, :2], torch.zeros(2, dtype=torch.long)),
+                         scorer.score(cache, tgt[:, 2:], torch.full((2,), 2))], dim=1)
+    real = ~expected_enc["encoder_padding_mask"][0].t()[..., None]  # (S, B, 1)
+    torch.testing.assert_close(got_enc["encoder_out"][0] * real, expected_enc["encoder_out"][0] * real,
+                               rtol=0, atol=1e-4)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
