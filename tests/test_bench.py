@@ -429,3 +429,39 @@ def test_sweep_summary_is_the_mean_over_gamma_of_the_ratios(sweep_json):
 def test_sweep_errors_are_one_line(multi30k, verifier, drafter, argv, message, tmp_path):
     assert_one_line_error([str(multi30k), "--path", str(verifier), "--drafter-path", str(drafter), "--configs",
                            "greedy", *argv], message, tmp_path)
+
+
+def test_generation_rules_reach_every_configuration():
+    """--max-len-a/b, --min-len, --lenpen and --no-repeat-ngram-size go to every generator
+    (beam search, CTranslate2 and speculative alike); fairseq's defaults are left out; values
+    out of range are one-line errors."""
+    import argparse
+
+    from cmasd.tools.bench.cli import rule_options
+    from cmasd.tools.bench.configs import BenchError
+    from cmasd.tools.bench.loading import generation_config
+
+    def args(**changed):
+        values = dict(max_len_a=0.0, max_len_b=200, min_len=1, lenpen=1.0, no_repeat_ngram_size=0)
+        return argparse.Namespace(**{**values, **changed})
+
+    assert rule_options(args()) == {}
+    rules = rule_options(args(max_len_b=60, min_len=10, no_repeat_ngram_size=3))
+    assert rules == {"max_len_b": 60, "min_len": 10, "no_repeat_ngram_size": 3}
+    gen = generation_config(4, rules)
+    assert (gen.beam, gen.max_len_b, gen.min_len, gen.no_repeat_ngram_size) == (4, 60, 10, 3)
+    for bad, message in (({"min_len": 0}, "--min-len 0"), ({"no_repeat_ngram_size": -1}, "--no-repeat-ngram-size -1"),
+                         ({"max_len_a": -1.0}, "--max-len-a -1.0")):
+        with pytest.raises(BenchError, match=message):
+            rule_options(args(**bad))
+
+
+def test_the_table_shows_a_speedup_over_each_beam_search_that_ran():
+    from cmasd.tools.bench.report import markdown_table
+
+    row = {"config": "x", "batch_size": 1, "speedup_vs_greedy": 2.0, "speedup_vs_greedy_std": 0.0,
+           "speedup_vs_beam5": None, "speedup_vs_beam4": 3.0, "speedup_vs_beam4_std": 0.1}
+    table = markdown_table([row], "rouge")
+    assert "× beam4" in table and "3.00× ± 0.10" in table
+    assert "× beam5" not in table
+    assert CONFIGS["beam4"].beam == 4

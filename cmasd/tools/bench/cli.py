@@ -125,6 +125,13 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     parser.add_argument("--sampling-topk", type=int, default=-1, help="fairseq's --sampling-topk (default: -1, off)")
     parser.add_argument("--sampling-topp", type=float, default=-1.0,
                         help="fairseq's --sampling-topp (default: -1, off)")
+    rules = parser.add_argument_group("fairseq's generation rules, for every configuration (summarization)")
+    rules.add_argument("--max-len-a", type=float, default=0.0, help="fairseq's --max-len-a (default: 0)")
+    rules.add_argument("--max-len-b", type=int, default=200, help="fairseq's --max-len-b (default: 200)")
+    rules.add_argument("--min-len", type=int, default=1, help="fairseq's --min-len (default: 1)")
+    rules.add_argument("--lenpen", type=float, default=1.0, help="fairseq's --lenpen (default: 1)")
+    rules.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                       help="fairseq's --no-repeat-ngram-size, applied as fairseq documents it (default: 0, off)")
     parser.add_argument("--seeds", help="with --sampling: comma-separated seeds, one recorded pass each (default: "
                         "1 .. --repeats)")
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
@@ -177,6 +184,21 @@ def check_args(args) -> None:
         raise BenchError("--seeds: applies to --sampling (greedy decoding draws nothing)")
     sampling_options(args)
     parse_seeds(args)
+
+
+def rule_options(args) -> Dict[str, Any]:
+    """fairseq's length, length-penalty and repeat rules of every configuration, checked
+    (those left at fairseq's defaults are left out)."""
+    for option, value, least in (("--max-len-b", args.max_len_b, 1), ("--min-len", args.min_len, 1),
+                                 ("--no-repeat-ngram-size", args.no_repeat_ngram_size, 0)):
+        if value < least:
+            raise BenchError(f"{option} {value}: must be >= {least}")
+    if args.max_len_a < 0:
+        raise BenchError(f"--max-len-a {args.max_len_a}: must be >= 0")
+    options = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "min_len": args.min_len,
+               "lenpen": args.lenpen, "no_repeat_ngram_size": args.no_repeat_ngram_size}
+    defaults = {"max_len_a": 0.0, "max_len_b": 200, "min_len": 1, "lenpen": 1.0, "no_repeat_ngram_size": 0}
+    return {key: value for key, value in options.items() if value != defaults[key]}
 
 
 def sampling_options(args) -> Dict[str, Any]:
@@ -259,7 +281,7 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
     """Build the generators and batches, measure, and make the rows."""
     paths = drafter_paths(args)
     seeds = parse_seeds(args)
-    generation = sampling_options(args)
+    generation = {**rule_options(args), **sampling_options(args)}
     with shared_linears():  # one copy of each model's prepared weights, however many configurations
         generators = {c.name: build_generator(bench.setup, c, global_overrides, paths, generation) for c in configs}
     batches = {bs: build_batches(bench.setup, bs) for bs in batch_sizes}
@@ -279,7 +301,8 @@ def report_record(args, bench: Bench, configs, global_overrides, rows, extra=Non
         "warmup": args.warmup,
         "warmup_batches": args.warmup_batches,
         "global_overrides": dict(global_overrides),
-        "configs": {c.name: config_record(c, global_overrides, drafter_paths(args), sampling_options(args))
+        "configs": {c.name: config_record(c, global_overrides, drafter_paths(args),
+                                           {**rule_options(args), **sampling_options(args)})
                     for c in configs},
         "columns": columns(args.metric),
         "rows": rows,

@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 FLOOR = "floor"
 GREEDY = "greedy"
 BEAM5 = "beam5"
+BEAM4 = "beam4"
+BEAM_REFERENCES = (BEAM5, BEAM4)  # each that runs gets its speed-up column
 CTRANSLATE2 = "ctranslate2"
 
 # The drafter a speculative configuration drafts with, and the command-line option that
@@ -132,6 +134,7 @@ CONFIGS: Dict[str, BenchConfig] = {
     c.name: c
     for c in [
         BenchConfig(BEAM5, "fairseq SequenceGenerator, beam 5", beam=5),
+        BenchConfig(BEAM4, "fairseq SequenceGenerator, beam 4 (fairseq's BART CNN/DM recipe)", beam=4),
         BenchConfig(GREEDY, "fairseq SequenceGenerator, beam 1 (greedy)", beam=1),
         BenchConfig("ct2-greedy", "CTranslate2 greedy search, float32, the verifier converted by CTranslate2's "
                     "fairseq converter (needs the ct2 extra)", ct2_compute_type="float32"),

@@ -140,7 +140,7 @@ def build_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
 
 def generation_config(beam: int, options: Optional[Mapping[str, Any]] = None):
     """fairseq's generation options, defaults but for the beam and ``options`` (the
-    sampling options of ``--sampling``)."""
+    generation rules and the sampling options of ``--sampling``)."""
     from fairseq.dataclass.configs import GenerationConfig
 
     return GenerationConfig(beam=beam, **(options or {}))
@@ -149,12 +149,12 @@ def generation_config(beam: int, options: Optional[Mapping[str, Any]] = None):
 def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping[str, Any],
                     paths: Mapping[str, str], generation: Optional[Mapping[str, Any]] = None):
     """fairseq's SequenceGenerator, CTranslate2's greedy search, or the speculative
-    generator, for ``config``, with the generation options ``generation`` (sampling)."""
+    generator, for ``config``, with the generation options ``generation`` (rules, sampling)."""
     if config.ct2_compute_type is not None:
         from cmasd.tools.bench.ct2 import CT2Greedy
 
         return CT2Greedy(setup.ct2_model, setup.task.source_dictionary, setup.task.target_dictionary,
-                         config.ct2_compute_type, setup.threads, generation_config(1),
+                         config.ct2_compute_type, setup.threads, generation_config(1, generation),
                          setup.model.max_decoder_positions())
     if not config.speculative:
         return setup.task.build_generator([setup.model], generation_config(config.beam, generation))
@@ -176,7 +176,8 @@ def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str
     if config.speculative:
         options = {**options_dict(spec_options(config, global_overrides, paths)), **(generation or {})}
     elif config.ct2_compute_type is not None:
-        options = {"compute_type": config.ct2_compute_type, "beam_size": 1, **options_dict(generation_config(1))}
+        options = {"compute_type": config.ct2_compute_type, "beam_size": 1,
+                   **options_dict(generation_config(1, generation))}
     else:
         options = options_dict(generation_config(config.beam, generation))
     return {"description": config.description, "kind": config.kind, "drafter": config.drafter, "options": options}

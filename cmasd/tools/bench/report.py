@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 
-from cmasd.tools.bench.configs import BEAM5, FLOOR, GREEDY, BenchConfig
+from cmasd.tools.bench.configs import BEAM_REFERENCES, FLOOR, GREEDY, BenchConfig
 from cmasd.tools.bench.loading import Setup
 from cmasd.tools.bench.measure import Measurements
 from cmasd.tools.bench.scoring import ROUGE_KEYS, References, TextTools, bleu, quality_columns
@@ -52,6 +52,9 @@ COLUMNS: Dict[str, str] = {
     "ms_per_batch": "1000 * seconds_mean / batches (the latency of Fig. 2)",
     "speedup_vs_beam5": "beam5 seconds / these seconds, mean of per-repetition ratios (n/a without beam5)",
     "speedup_vs_beam5_std": "its standard deviation",
+    "speedup_vs_beam4": "beam4 seconds / these seconds, mean of per-repetition ratios (n/a without beam4: the "
+    "beam of fairseq's BART CNN/DM recipe)",
+    "speedup_vs_beam4_std": "its standard deviation",
     "speedup_vs_greedy": "greedy seconds / these seconds, mean of per-repetition ratios",
     "speedup_vs_greedy_std": "its standard deviation",
     "x_floor": "these seconds / the floor's seconds, mean of per-repetition ratios",
@@ -93,11 +96,12 @@ def mean_stats(summaries: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: int, batches: int,
-                   have_beam5: bool) -> Dict[str, Any]:
-    """Seconds, throughput, latency and speed-ups of one row."""
+                   beams: Sequence[str]) -> Dict[str, Any]:
+    """Seconds, throughput, latency and speed-ups of one row (over each beam search of
+    ``BEAM_REFERENCES`` that ran: ``beams``)."""
     secs = m.seconds(name, bs)
     mean, std = mean_std(secs)
-    beam5 = ratios(m.seconds(BEAM5, bs), secs) if have_beam5 else (None, None)
+    beam = {ref: ratios(m.seconds(ref, bs), secs) if ref in beams else (None, None) for ref in BEAM_REFERENCES}
     greedy = ratios(m.seconds(GREEDY, bs), secs)
     return {
         "tokens": tokens,
@@ -106,8 +110,8 @@ def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: 
         "tokens_per_second": tokens / mean if mean > 0 else math.nan,
         "ms_per_sentence": 1000.0 * mean / sentences,
         "ms_per_batch": 1000.0 * mean / batches,
-        "speedup_vs_beam5": beam5[0],
-        "speedup_vs_beam5_std": beam5[1],
+        **{f"speedup_vs_{ref}": beam[ref][0] for ref in BEAM_REFERENCES},
+        **{f"speedup_vs_{ref}_std": beam[ref][1] for ref in BEAM_REFERENCES},
         "speedup_vs_greedy": greedy[0],
         "speedup_vs_greedy_std": greedy[1],
         "x_floor": ratios(secs, m.seconds(FLOOR, bs))[0],
@@ -115,7 +119,7 @@ def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: 
 
 
 def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, refs: References,
-                n_batches: int, have_beam5: bool) -> Dict[str, Any]:
+                n_batches: int, beams: Sequence[str]) -> Dict[str, Any]:
     """Quality, agreement with greedy, speculative statistics and timing of one
     configuration at one batch size."""
     ids = sorted(m.first(config.name, bs).hypotheses)
@@ -132,7 +136,7 @@ def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, 
     if config.name == GREEDY:
         row["mean_accepted_tokens"] = 1.0  # one token per verifier pass, by definition
     tokens = sum(len(hyps[i]) for i in ids)
-    row.update(timing_columns(m, config.name, bs, tokens, len(ids), n_batches, have_beam5))
+    row.update(timing_columns(m, config.name, bs, tokens, len(ids), n_batches, beams))
     row["batch_seconds"] = m.batch_seconds(config.name, bs)
     row["batch_longest_output"] = m.first(config.name, bs).batch_longest
     if stats:
@@ -153,14 +157,14 @@ def pass_quality(runs, ids: List[int], text: TextTools, refs: References) -> Dic
     return out
 
 
-def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, have_beam5: bool) -> Dict[str, Any]:
+def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, beams: Sequence[str]) -> Dict[str, Any]:
     """The floor at one batch size: timing only (it scores greedy's output)."""
     greedy = m.first(GREEDY, bs).hypotheses
     row = {"config": FLOOR, "kind": FLOOR, "batch_size": bs, "sentences": len(greedy), "batches": n_batches}
     row.update({k: None for k in quality_columns(metric) + ["quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]})
     row.update({k: None for k in SPECULATIVE_STATS})
     tokens = sum(len(t) for t in greedy.values())
-    row.update(timing_columns(m, FLOOR, bs, tokens, len(greedy), n_batches, have_beam5))
+    row.update(timing_columns(m, FLOOR, bs, tokens, len(greedy), n_batches, beams))
     row["batch_seconds"] = m.batch_seconds(FLOOR, bs)
     row["batch_longest_output"] = None
     return row
@@ -169,11 +173,11 @@ def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, have_beam5:
 def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, refs: References,
               batch_counts: Mapping[int, int]) -> List[Dict[str, Any]]:
     """Every configuration at every batch size, then the floor, in order."""
-    have_beam5 = any(c.name == BEAM5 for c in configs)
+    beams = [c.name for c in configs if c.name in BEAM_REFERENCES]
     rows = []
     for bs, n_batches in batch_counts.items():
-        rows += [decoder_row(c, bs, m, text, refs, n_batches, have_beam5) for c in configs]
-        rows.append(floor_row(bs, m, text.metric, n_batches, have_beam5))
+        rows += [decoder_row(c, bs, m, text, refs, n_batches, beams) for c in configs]
+        rows.append(floor_row(bs, m, text.metric, n_batches, beams))
     return rows
 
 
@@ -202,6 +206,7 @@ TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
     ("tokens_per_second", "tok/s", ".1f"),
     ("ms_per_batch", "ms/batch", ".1f"),
     ("speedup_vs_beam5", "× beam5", "×"),
+    ("speedup_vs_beam4", "× beam4", "×"),
     ("speedup_vs_greedy", "× greedy", "×"),
     ("x_floor", "× floor time", ".2f"),
 ]
@@ -224,7 +229,9 @@ def cell(row: Dict[str, Any], column: str, fmt: str) -> str:
 
 
 def markdown_table(rows: Sequence[Dict[str, Any]], metric: str) -> str:
-    shown = [(c, h, f) for c, h, f in TABLE if c in columns(metric)]
+    """The rows as a markdown table; a speed-up over a beam search that did not run is left out."""
+    absent = {f"speedup_vs_{ref}" for ref in BEAM_REFERENCES if all(r.get(f"speedup_vs_{ref}") is None for r in rows)}
+    shown = [(c, h, f) for c, h, f in TABLE if c in columns(metric) and c not in absent]
     lines = ["| " + " | ".join(h for _, h, _ in shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(cell(r, c, f) for c, _, f in shown) + " |" for r in rows]
     return "\n".join(lines)
