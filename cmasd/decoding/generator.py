@@ -10,8 +10,8 @@ verifier), so ``fairseq-generate`` prints and scores them as it does its own.
 The verifier side reproduces fairseq's ``SequenceGenerator`` with ``--beam 1``: the
 same maximum length (``max_len_a * src_len + max_len_b``, capped by the model), the
 same minimum length, pad never chosen, the unknown-word penalty, the temperature, the
-n-gram repeat ban (``cmasd.decoding.repeats``) and the same score normalisation; with the ``exact`` acceptance rule the output equals its
-output. With ``--sampling`` (``sampling``) the verifier's distribution is that of
+n-gram repeat ban (``cmasd.decoding.repeats``) and the same score normalisation; with the
+``exact`` acceptance rule the output equals its output. With ``--sampling`` (``sampling``) the verifier's distribution is that of
 fairseq's sampling (top-k / top-p truncation too), the drafter draws from its own under
 the same options, and an acceptance rule that samples (``rejection``) keeps the output
 distributed as fairseq's sampling from the verifier. Every draw of a row uses uniforms

@@ -157,7 +157,10 @@ def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping
                          config.ct2_compute_type, setup.threads, generation_config(1, generation),
                          setup.model.max_decoder_positions())
     if not config.speculative:
-        return setup.task.build_generator([setup.model], generation_config(config.beam, generation))
+        from cmasd.compat import fix_ngram_blocker
+
+        # the checkpoint's own task may be fairseq's translation: the n-gram rule that blocks either way
+        return fix_ngram_blocker(setup.task.build_generator([setup.model], generation_config(config.beam, generation)))
     from cmasd.options import build_speculative_generator
 
     options = spec_options(config, global_overrides, paths)
