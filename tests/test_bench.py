@@ -465,3 +465,27 @@ def test_the_table_shows_a_speedup_over_each_beam_search_that_ran():
     assert "× beam4" in table and "3.00× ± 0.10" in table
     assert "× beam5" not in table
     assert CONFIGS["beam4"].beam == 4
+
+
+def test_fairseq_rows_get_the_n_gram_rule_that_blocks_whatever_the_task():
+    """A checkpoint of fairseq's own translation task builds fairseq 0.12's blocker, which bans
+    nothing on a CPU: the bench's beam and greedy rows get the one that blocks."""
+    import types
+
+    from fairseq.sequence_generator import SequenceGenerator
+    from test_block_scoring import tiny_transformer
+
+    from cmasd.compat import blocks_repeats
+    from cmasd.tools.bench.loading import build_generator
+
+    model, dictionary = tiny_transformer(False, False)
+
+    class PlainTask:  # what fairseq's TranslationTask.build_generator returns, nothing more
+        def build_generator(self, models, gen):
+            return SequenceGenerator(models, dictionary, beam_size=gen.beam,
+                                     no_repeat_ngram_size=gen.no_repeat_ngram_size)
+
+    setup = types.SimpleNamespace(task=PlainTask(), model=model)
+    for name in ("greedy", "beam4"):
+        generator = build_generator(setup, CONFIGS[name], {}, {}, {"no_repeat_ngram_size": 3})
+        assert blocks_repeats(generator.repeat_ngram_blocker), name
