@@ -64,11 +64,16 @@ def test_bench_has_every_row(bench_json):
 
 
 def test_bench_columns_present_and_finite(bench_json):
+    from cmasd.tools.bench.configs import BEAM_REFERENCES
+
+    # the speed-up over a beam search that did not run
+    absent = {f"speedup_vs_{b}{s}" for b in BEAM_REFERENCES if b not in bench_json["configs"] for s in ("", "_std")}
+    assert "speedup_vs_beam4" in absent and "speedup_vs_beam5" not in absent
     for row in bench_json["rows"]:
         for column in bench_json["columns"]:
             assert column in row, (row["config"], column)
             value = row[column]
-            if column in not_applicable(row):
+            if column in not_applicable(row) | absent:
                 assert value is None, (row["config"], column, value)
             elif isinstance(value, list):  # one value per batch
                 assert len(value) == row["batches"], (row["config"], column)
