@@ -5,8 +5,15 @@ No pretrained model is downloaded: a tiny BART (``--arch bart_base``) is trained
 updates on Multi30k text encoded with a small GPT-2 byte-level BPE the test learns itself,
 and saved in the zoo's layout, with the extra ``<mask>`` embedding row of ``bart.base``. The
 path a user takes: ``cmasd-prep gpt2-encode``, fairseq-preprocess with the model's
-``dict.txt``, ``train-drafter.sh`` (the Spec-Drafter starts from the BART's encoder), then
-``fairseq-generate --bpe gpt2``: lossless, detokenized text out, and a missing BPE file named.
+``dict.txt``, the drafter recipes (the Spec-Drafter and the draft model start from the BART's
+encoder, embeddings and positions), then ``fairseq-generate --bpe gpt2``: every drafter kind
+lossless at batch 1, 7 and 16, detokenized text out, and a missing BPE file named.
+
+This is the end-to-end test of the BART architecture (``bart_base``: learned positions with
+fairseq's offset, ``layernorm_embedding``, GELU, unscaled embeddings, post-norm, tied); the
+arithmetic of the other variants (pre-norm BART, an untied pre-norm GELU Transformer),
+ragged blocks at batch > 1, is checked against fairseq's incremental decoding in
+test_block_scoring.py.
 """
 
 import collections
@@ -104,6 +111,7 @@ def zoo_bart(multi30k, tmp_path_factory):
 
 
 def generate(model_dir, data, *options):
+    """fairseq-generate on the test split (batch 16 unless ``options`` say otherwise)."""
     cmd = [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
            "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1", "--max-len-b", "40",
            "--batch-size", "16", "--required-batch-size-multiple", "1", "--bpe", "gpt2",
@@ -111,19 +119,36 @@ def generate(model_dir, data, *options):
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=REPO, env=tool_env())
 
 
-def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_a_drafter_from_its_encoder(zoo_bart, tmp_path):
+# every drafter kind on the BART, rows finishing at different times at batch 7 and 16
+SETUPS = {
+    "spec-drafter-source-b16": lambda d: ["--batch-size", "16", "--drafter-path", d["spec"], "--spec-k", "6",
+                                          "--spec-source-ngram", "1"],
+    "spec-drafter-cmasd-b1": lambda d: ["--batch-size", "1", "--drafter-path", d["spec"], "--spec-controller", "cmasd",
+                                        "--spec-k-max", "8"],
+    "draft-model-history-b7": lambda d: ["--batch-size", "7", "--drafter-path", d["ar"], "--spec-k", "4",
+                                         "--spec-history-ngram", "2"],
+    "nothing-drafted-b16": lambda d: ["--batch-size", "16", "--drafter-path", d["spec"], "--spec-k", "0"],
+}
+
+
+def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_drafters_from_its_encoder(zoo_bart, tmp_path):
     model_dir, data = zoo_bart
-    drafter = tmp_path / "drafter"
-    run(["bash", REPO / "data-prep" / "train-drafter.sh", data, model_dir / "model.pt", "--max-update", "2",
-         "--save-dir", drafter, "--no-epoch-checkpoints", "--disable-validation"])
+    drafters = {}
+    for kind, script in (("spec", "train-drafter.sh"), ("ar", "train-ar-drafter.sh")):
+        save = tmp_path / kind
+        run(["bash", REPO / "data-prep" / script, data, model_dir / "model.pt", "--max-update", "2",
+             "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation"])
+        drafters[kind] = save / "checkpoint_last.pt"
     greedy = generate(model_dir, data)
     assert greedy.returncode == 0, greedy.stderr[-3000:]
-    spec = generate(model_dir, data, "--drafter-path", drafter / "checkpoint_last.pt", "--spec-k", "6",
-                    "--spec-source-ngram", "1", "--spec-acceptance", "exact")
-    assert spec.returncode == 0, spec.stderr[-3000:]
-    expected, got = hypotheses(greedy.stdout), hypotheses(spec.stdout)
-    assert sorted(got) == sorted(expected) == list(range(SENTENCES))
-    assert all(got[i][1] == expected[i][1] for i in expected)
+    expected = hypotheses(greedy.stdout)
+    assert sorted(expected) == list(range(SENTENCES))
+    for setup, options in SETUPS.items():
+        spec = generate(model_dir, data, *options(drafters), "--spec-acceptance", "exact")
+        assert spec.returncode == 0, f"{setup}: {spec.stderr[-3000:]}"
+        got = hypotheses(spec.stdout)
+        assert sorted(got) == sorted(expected), setup
+        assert all(got[i][1] == expected[i][1] for i in expected), setup
     # detokenized through GPT-2's byte decoder: text, not ids
     detok = [line.split("\t")[2] for line in spec.stdout.splitlines() if line.startswith("D-")]
     assert len(detok) == SENTENCES and any(any(c.isalpha() for c in line) for line in detok)
