@@ -357,15 +357,20 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
-def read_cnndm(path: str) -> Iterator[dict]:
-    """Yield the records of a CNN/DailyMail jsonl file, checking their fields."""
+def json_lines(path: str) -> Iterator[tuple]:
+    """(line number, parsed object) of each non-empty line of a JSON-lines file."""
     for lineno, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
             raise PrepError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+
+
+def read_cnndm(path: str) -> Iterator[dict]:
+    """Yield the records of a CNN/DailyMail jsonl file, checking their fields."""
+    for lineno, record in json_lines(path):
         refs = record.get("refs") if isinstance(record, dict) else None
         if not isinstance(record, dict) or not isinstance(record.get("article"), str):
             raise PrepError(f"{path}:{lineno}: missing string field 'article'")
@@ -442,13 +447,7 @@ def read_json_records(path: str) -> Iterator[tuple]:
         for number, record in enumerate(records, start=1):
             yield f"{path}: record {number}", record
         return
-    for lineno, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PrepError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, record in json_lines(path):
         yield f"{path}:{lineno}", record
 
 
