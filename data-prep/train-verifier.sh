@@ -20,10 +20,12 @@ SIZE      base (default): --arch transformer_wmt_en_de --share-all-embeddings (6
             lr 1e-3, inverse_sqrt, 400 warmup updates from 1e-7, label smoothing 0.1,
             max-tokens 4096, seed 1 (fp32; add --fp16 yourself on a GPU)
           bart-compact: fairseq's BART architecture (--arch bart_base: learned positions,
-            layernorm_embedding, GELU, post-norm, shared embeddings) at 6+6 layers, 256/1024,
-            4 heads, trained from scratch for summarization: dropout 0.1, attention-dropout 0.1,
-            weight-decay 0.01, adam (0.9, 0.98), lr 1e-3, inverse_sqrt, 500 warmup updates from
-            1e-7, clip-norm 0.1, label smoothing 0.1, max-tokens 4096, sources and targets up to
+            layernorm_embedding, GELU, shared embeddings) at 6+6 layers, 256/1024, 4 heads,
+            pre-norm (--encoder-normalize-before --decoder-normalize-before, as mBART; trained
+            from scratch, post-norm BART's encoder collapses: every source position gives the
+            same state within 1,000 updates, docs/RESULTS.md), for summarization: dropout 0.1,
+            attention-dropout 0.1, weight-decay 0.01, adam (0.9, 0.98), lr 1e-3, inverse_sqrt,
+            500 warmup updates from 1e-7, no gradient clipping, label smoothing 0.1, max-tokens 4096, sources and targets up to
             1024 positions (longer sources are cut: --truncate-source), seed 1; through cmasd's
             task (--user-dir fairseq_plugins --task translation_speculative --drafter-cuts 0,
             so decoding it needs --user-dir too), with the forward pass under bfloat16 autocast
@@ -82,13 +84,13 @@ case "$SIZE" in
   bart-compact)
     RECIPE=(
       --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative --drafter-cuts 0
-      --arch bart_base
+      --arch bart_base --encoder-normalize-before --decoder-normalize-before
       --encoder-layers 6 --decoder-layers 6
       --encoder-embed-dim 256 --decoder-embed-dim 256
       --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
       --encoder-attention-heads 4 --decoder-attention-heads 4
       --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.01
-      --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 0.1 --lr 1e-3
+      --optimizer adam --adam-betas "(0.9,0.98)" --clip-norm 0.0 --lr 1e-3
       --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-7
       --max-tokens 4096 --criterion label_smoothed_cross_entropy --label-smoothing 0.1
       --max-source-positions 1024 --max-target-positions 1024 --truncate-source

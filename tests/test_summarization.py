@@ -32,6 +32,7 @@ def test_a_tiny_bart_verifier_summarizes_every_test_dialogue_in_order(samsum, tm
     state = torch.load(verifier, map_location="cpu", weights_only=False)
     model_cfg = state["cfg"]["model"]  # an argparse Namespace
     assert model_cfg.arch == "bart_base" and model_cfg.layernorm_embedding
+    assert model_cfg.encoder_normalize_before and model_cfg.decoder_normalize_before
 
     greedy = summarize(samsum, verifier)
     spec = summarize(samsum, verifier, "--spec-source-ngram", "1", "--spec-history-ngram", "2", "--spec-k", "6",
