@@ -33,7 +33,10 @@ Options:
                       all N are done.
   --dest DIR          output data-bin (default: DATASET's path with "-distill" appended)
   -h, --help          this help
-Options after "--" go to fairseq-generate (e.g. --fp16, --max-len-b 250).
+Options after "--" go to fairseq-generate (e.g. --fp16, --max-len-b 250, or the rules the
+verifier will decode with: --min-len 10 --no-repeat-ngram-size 3). fairseq-generate runs
+fairseq's own generator under cmasd's task (--task translation_speculative), whose
+--no-repeat-ngram-size works on a CPU, where fairseq 0.12's bans nothing.
 
 Resumable: each shard's output goes to DEST/generate/SPLIT-shard-I-of-N.txt; a finished
 shard has a marker (.done beside it, holding the verifier checksum, the batch size and
@@ -148,7 +151,7 @@ generate_shard() {  # generate_shard SPLIT ID
   log "$split shard $id of $SHARDS -> $out"
   fairseq_tool generate
   "${FAIRSEQ_CMD[@]}" "$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" \
-    --task translation --source-lang "$SRC" --target-lang "$TGT" \
+    --task translation_speculative --source-lang "$SRC" --target-lang "$TGT" \
     --gen-subset "$split" --path "$VERIFIER" --beam "$BEAM" --nbest 1 \
     --batch-size "${BATCH_OF[$split]}" --required-batch-size-multiple 1 \
     --distributed-world-size "$SHARDS" --distributed-rank "$id" \

@@ -70,6 +70,21 @@ def test_distill_in_two_shards_then_skip(small_data, verifier, tmp_path):
         assert f"skip: {split} shard 0 of 2" in again.stderr and f"skip: {split} shard 1 of 2" in again.stderr
     assert "skip: binarize" in again.stderr
 
+    # options after "--" reach fairseq-generate under cmasd's task, where fairseq's
+    # --no-repeat-ngram-size bans on a CPU too (fairseq 0.12's own bans nothing there)
+    run(["bash", script, small_data, verifier, "--subsets", "train", "--dest", tmp_path / "banned",
+         "--", "--no-repeat-ngram-size", "2"])
+    banned = (tmp_path / "banned" / "tok" / "train.de").read_text().splitlines()
+    assert len(banned) == TRAIN_SENTENCES
+    assert any(bigram_repeats(line) for line in hypotheses)  # the ban has something to do
+    assert not any(bigram_repeats(line) for line in banned)
+
+
+def bigram_repeats(line):
+    words = line.split()
+    pairs = list(zip(words, words[1:]))
+    return len(pairs) != len(set(pairs))
+
 
 def test_more_shards_than_sentences_is_refused(small_data, verifier, tmp_path):
     proc = subprocess.run(
