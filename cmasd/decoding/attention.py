@@ -329,6 +329,15 @@ class DecodingLayer(PreparedFeedForward):
         return (split_heads(self.cross_k(encoder_states), self.heads).contiguous(),
                 split_heads(self.cross_v(encoder_states), self.heads).contiguous())
 
+    def self_keys_values(self, x: Tensor) -> Tensor:
+        """The keys and values this layer's self-attention makes of its inputs x (B, T, C):
+        (B, 2H, T, d), the H key heads then the H value heads, as ``__call__`` stores them."""
+        bsz, length, _ = x.shape
+        if self.normalize_before:
+            x = self.self_norm(x)
+        qkv = self.qkv(x).view(bsz, length, 3 * self.heads, self.head_dim).transpose(1, 2)  # (B, 3H, T, d)
+        return qkv[:, self.heads:]
+
     def __call__(
         self,
         index: int,
@@ -407,10 +416,12 @@ class DecodingDecoder:
         self_bias: Optional[Tensor],
         cross: List[Tuple[Tensor, Tensor]],
         cross_bias: Optional[Tensor],
+        first: int = 0,
+        last: Optional[int] = None,
     ) -> Tensor:
-        """All layers: (B, T, C) -> (B, T, C)."""
-        for index, layer in enumerate(self.layers):
-            x = layer(index, x, self_keys, self_bias, cross[index], cross_bias)
+        """Layers ``first`` .. ``last`` - 1 (default: all): (B, T, C) -> (B, T, C)."""
+        for index in range(first, len(self.layers) if last is None else last):
+            x = self.layers[index](index, x, self_keys, self_bias, cross[index], cross_bias)
         return x
 
     def block_states(
@@ -422,13 +433,16 @@ class DecodingDecoder:
         self_bias: Optional[Tensor],
         cross: List[Tuple[Tensor, Tensor]],
         cross_bias: Optional[Tensor],
+        first: int = 0,
+        last: Optional[int] = None,
     ) -> Tensor:
-        """All layers over a block x (B, T, C) whose new keys and values go into each
-        layer's cache ``kv`` (B, 2H, capacity, d) at ``where`` (B, 2H, T, d) (sequence
-        positions), the queries seeing cache positions < ``used`` through ``self_bias``
-        (B, 1, T, used). In one C++ call where the gemv kernels' fused layers take a block
-        this small, else layer by layer."""
-        if self.fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
+        """Layers ``first`` .. ``last`` - 1 (default: all) over a block x (B, T, C) whose new
+        keys and values go into each layer's cache ``kv`` (B, 2H, capacity, d) at ``where``
+        (B, 2H, T, d) (sequence positions), the queries seeing cache positions < ``used``
+        through ``self_bias`` (B, 1, T, used). All layers in one C++ call where the gemv
+        kernels' fused layers take a block this small, else layer by layer."""
+        every = first == 0 and last in (None, len(self.layers))
+        if self.fused is not None and every and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
             return self.fused.states(x, kv, where, used, self_bias, [k for k, _ in cross], [v for _, v in cross],
                                      cross_bias)
         heads = self.heads
@@ -438,7 +452,7 @@ class DecodingDecoder:
             cache.scatter_(2, where, kv_new)
             return cache[:, :heads, :used], cache[:, heads:, :used]  # (B, H, used, d) each
 
-        return self.states(x, self_keys, self_bias, cross, cross_bias)
+        return self.states(x, self_keys, self_bias, cross, cross_bias, first, last)
 
     def logits(self, x: Tensor) -> Tensor:
         """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""

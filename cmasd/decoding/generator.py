@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 
 from cmasd.decoding.attention import encoder_of
-from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.decoding.cache import BlockScorer, Resume, VerifierCache
 from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.stats import DecodeStats
-from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, empty_draft
+from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, VerifierView, empty_draft
 from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
 from cmasd.verification.sampling import RowRandom, Sampling
 
@@ -236,7 +236,8 @@ class SpeculativeGenerator:
         random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
         budget = self.controller.budget(state.controller)  # (B,) or None
         horizon = self.horizon if budget is None else int(budget.max())
-        request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None)
+        request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None,
+                          verifier=VerifierView(self.scorer, state.verifier) if self.drafter.reads_verifier else None)
         if horizon:
             draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         else:  # no row may send anything: the drafter catches up on its next call
@@ -258,7 +259,7 @@ class SpeculativeGenerator:
         )
         t1 = now(state.tokens)
 
-        lprobs = self.verify(state, proposal, max_len)  # (B, W + 1, V)
+        lprobs = self.verify(state, proposal, max_len, draft.resume)  # (B, W + 1, V)
         t2 = now(state.tokens)
         verdict = self.acceptance.accept(proposal, lprobs)
         accepted = verdict.accepted  # (B,)
@@ -274,16 +275,17 @@ class SpeculativeGenerator:
         stats.bookkeeping_seconds += t3 - t2
         return replace(state, drafter=drafter_state, controller=controller_state), done
 
-    def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
+    def verify(self, state: DecodeState, proposal: Proposal, max_len: int, resume: Optional[Resume] = None) -> Tensor:
         """Verifier log-probabilities after the last accepted token and each draft:
         (B, width + 1, V), with fairseq's generation rules applied per position (and with
-        sampling, its top-k / top-p truncation: the log weights fairseq samples from)."""
+        sampling, its top-k / top-p truncation: the log weights fairseq samples from).
+        ``resume``: the block's lower layers, run already by a self-speculative drafter."""
         bsz, width = proposal.tokens.shape
         last = state.tokens.gather(1, (state.lengths - 1)[:, None])  # (B, 1)
         offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
-        logits = self.scorer.score(state.verifier, block, state.lengths - 1)  # (B, width + 1, V)
+        logits = self.scorer.score(state.verifier, block, state.lengths - 1, resume)  # (B, width + 1, V)
         if self.rules.temperature != 1.0:
             logits = logits.float() / self.rules.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)
