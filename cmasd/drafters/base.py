@@ -160,6 +160,7 @@ class ModelDrafter(Drafter):
     by name in ``cmasd.drafters.DRAFTER_KINDS`` (``--drafter-kind``)."""
 
     model_class: type  # the fairseq model class it drafts with; ``--drafter-kind auto`` matches on it
+    model_optional: bool = False  # True: ``--drafter-kind NAME`` drafts without ``--drafter-path`` too (model None)
 
     @staticmethod
     @abc.abstractmethod

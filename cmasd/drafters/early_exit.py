@@ -26,8 +26,9 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from cmasd.drafters.base import STATELESS, Draft, Drafter, DraftRequest, Source, Stateless
 from cmasd.decoding.cache import Resume
+from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
+from cmasd.models.exit_heads import ExitHeadsModel, check_verifier
 
 
 class ExitHeads(abc.ABC):
@@ -45,6 +46,20 @@ class VerifierHeads(ExitHeads):
 
     def logits(self, decoder, layer: int, states: Tensor) -> Tensor:
         return decoder.logits(states)
+
+
+class TrainedHeads(ExitHeads):
+    """Exit heads trained with ``fairseq-train --arch exit_heads`` (``cmasd.models.exit_heads``):
+    each layer's norm (and adapter) of ``model``, then the verifier's prepared output projection."""
+
+    def __init__(self, model: ExitHeadsModel):
+        self.model = model.eval()
+
+    def logits(self, decoder, layer: int, states: Tensor) -> Tensor:
+        x = self.model.head_states(layer, states)
+        if decoder.project_out is not None:
+            x = decoder.project_out(x)
+        return decoder.output(x)
 
 
 def annealed_temperatures(alpha: float, layers: int) -> List[float]:
@@ -65,12 +80,32 @@ def check_bounds(layers: int, alpha: float, tau: float, d_max: int, w_max: int) 
         raise ValueError(f"--specbound-w-max: must be >= 1, got {w_max}")
 
 
-class EarlyExitDrafter(Drafter):
+class EarlyExitDrafter(ModelDrafter):
     """SpecBound's drafter (see the module's docstring): drafts with the verifier's lower
-    layers and ``heads``, at most ``w_max`` tokens, each through at most ``d_max`` layers."""
+    layers and ``heads``, at most ``w_max`` tokens, each through at most ``d_max`` layers.
+    ``--drafter-kind specbound`` with trained heads (``--drafter-path``), or without them
+    the verifier's own output head at every layer."""
 
     name = "specbound"
     reads_verifier = True
+    model_class = ExitHeadsModel
+    model_optional = True  # no --drafter-path: untrained heads (``VerifierHeads``)
+
+    @staticmethod
+    def horizon_limit(model) -> Optional[int]:
+        return None  # --specbound-w-max bounds the drafts
+
+    @classmethod
+    def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "EarlyExitDrafter":
+        layers = len(verifier.decoder.layers)
+        if model is None:
+            heads: ExitHeads = VerifierHeads()
+        else:
+            check_verifier(model.cfg, verifier, f"--drafter-path {cfg.drafter_path}")
+            heads = TrainedHeads(model)
+        d_max = cfg.specbound_d_max if cfg.specbound_d_max is not None else max(1, layers - 2)
+        return cls(heads, layers, verifier.decoder.padding_idx, cfg.specbound_alpha, cfg.specbound_tau, d_max,
+                   cfg.specbound_w_max)
 
     def __init__(self, heads: ExitHeads, layers: int, pad: int, alpha: float, tau: float, d_max: int, w_max: int):
         check_bounds(layers, alpha, tau, d_max, w_max)
