@@ -95,7 +95,11 @@ def test_specbound_decodes_as_fairseq_greedy(bounds, normalize_before):
             got, stats = decoder.decode(sample)
         for row in range(bsz):
             assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (bounds, bsz, row)
-        sent += stats.summary()["mean_k"] > 0
+        summary = stats.summary()
+        if summary["mean_k"] > 0:
+            sent += 1
+            assert 1 <= summary["mean_exit_layer"] <= bounds["d_max"]
+            assert summary["layers_skipped"] == pytest.approx(1 - summary["mean_exit_layer"] / 3)
     assert sent  # the heads' confidence crossed tau somewhere: drafts were verified
 
 

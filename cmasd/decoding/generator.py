@@ -268,6 +268,8 @@ class SpeculativeGenerator:
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
         stats.observe(k, accepted, gained, block_confidence, draft.served, verdict.pardoned)
+        if draft.exits is not None:
+            stats.observe_exits(*draft.exits, draft.offered())
         t3 = now(state.tokens)
 
         stats.draft_seconds += t1 - t0

@@ -95,6 +95,9 @@ class Draft:
     # a self-speculative drafter's block (the last accepted token, then the drafts) after the
     # verifier layers it ran for all of it: (B, H + 1, C) states; None: verify from the embedding
     resume: Optional[Resume] = None
+    # a self-speculative drafter's exits: the verifier layer (1 .. L) each drafted token left
+    # the decoder at, (B, H), and L; None for other drafters
+    exits: Optional[Tuple[Tensor, int]] = None
 
     def offered(self) -> Tensor:
         """``valid`` as a tensor: (B,)."""

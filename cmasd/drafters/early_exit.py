@@ -135,6 +135,7 @@ class EarlyExitDrafter(ModelDrafter):
         drafts = tokens.new_full((bsz, width), self.pad)
         drafted = torch.zeros(bsz, dtype=torch.long, device=device)
         confidence = torch.zeros(bsz, width, device=device) if request.confidence is not None else None
+        exits = torch.zeros(bsz, width, dtype=torch.long, device=device)  # the layer each draft exited at
         logprobs = None
         block: List[List[Tensor]] = []  # per fed token, its states after 0, 1, ... layers: (B, 1, C) each
         depths: List[int] = []
@@ -158,6 +159,7 @@ class EarlyExitDrafter(ModelDrafter):
                 top, best = torch.softmax(logits / self.temperatures[ran - 1], dim=-1).max(dim=-1)  # (B,)
                 newly = wants & ~exited & (top >= self.tau)  # (B,)
                 choice = torch.where(newly, best, choice)
+                exits[:, j].masked_fill_(newly, ran)
                 if confidence is not None:
                     confidence[:, j] = torch.where(newly, request.confidence(logits), confidence[:, j])
                 if request.logprobs:
@@ -179,4 +181,5 @@ class EarlyExitDrafter(ModelDrafter):
             feed = drafts[:, j: j + 1]
         resumed = min(depths)
         states = torch.cat([after[resumed] for after in block], dim=1)  # (B, fed, C)
-        return Draft(drafts, drafted, logprobs, confidence, resume=Resume(resumed, states)), state
+        return Draft(drafts, drafted, logprobs, confidence, resume=Resume(resumed, states),
+                     exits=(exits, self.layers)), state
