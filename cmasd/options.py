@@ -134,7 +134,7 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     specbound_d_max: Optional[int] = field(
         default=None,
         metadata={"help": "specbound: a token that runs this many layers without exiting ends the draft (the hard "
-                  "token), in 1 .. L - 1 (default: L - 2, at least 1)"},
+                  "token), in 1 .. L - 1 (default: L - 1, no bound below the last layer)"},
     )
     specbound_w_max: int = field(
         default=8, metadata={"help": "specbound: most tokens one draft holds (the fixed controller sends up to "

@@ -107,11 +107,15 @@ class BlockScorer:
         row's length (overwritten later). The cache must hold ``start + n``
         positions for every row, padded ones included.
         """
+        return self.decoder.logits(self.states(cache, tokens, start, resume))  # (B, n, V)
+
+    def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, resume: Optional["Resume"] = None) -> Tensor:
+        """``score``'s decoder states after the last layer, before the output head: (B, n, C)."""
         if resume is None:
             x, first = self.embed(tokens, start), 0
         else:
             x, first = resume.states[:, : tokens.size(1)], resume.layers
-        return self.decoder.logits(self.run(cache, x, start, first))  # (B, n, V)
+        return self.run(cache, x, start, first)
 
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
         """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""

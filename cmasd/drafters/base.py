@@ -109,11 +109,14 @@ class Draft:
 @dataclass(frozen=True)
 class VerifierView:
     """What a self-speculative drafter reads of the verifier each iteration: its block
-    scorer (the prepared decoder: embeddings, layers, output head) and the active rows'
-    cache, into which the drafter runs the lower layers of the block it drafts."""
+    scorer (the prepared decoder: embeddings, layers, output head), the active rows'
+    cache, into which the drafter may run the lower layers of the block it drafts, and the
+    verifier's last-layer states (B, C) that predicted each row's newest token in the last
+    verification (None in a batch's first iteration)."""
 
     scorer: BlockScorer
     cache: VerifierCache
+    last_states: Optional[Tensor] = None
 
 
 class DrafterState(Protocol):

@@ -103,7 +103,7 @@ class EarlyExitDrafter(ModelDrafter):
         else:
             check_verifier(model.cfg, verifier, f"--drafter-path {cfg.drafter_path}")
             heads = TrainedHeads(model)
-        d_max = cfg.specbound_d_max if cfg.specbound_d_max is not None else max(1, layers - 2)
+        d_max = cfg.specbound_d_max if cfg.specbound_d_max is not None else layers - 1
         return cls(heads, layers, verifier.decoder.padding_idx, cfg.specbound_alpha, cfg.specbound_tau, d_max,
                    cfg.specbound_w_max)
 

@@ -3,6 +3,7 @@
 from typing import Dict
 
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
+from cmasd.drafters.blockwise import BlockwiseDrafter
 from cmasd.drafters.early_exit import EarlyExitDrafter
 from cmasd.drafters.spec_drafter import SpecDrafter
 
@@ -13,4 +14,5 @@ DRAFTER_KINDS: Dict[str, type] = {
     SpecDrafter.name: SpecDrafter,
     AutoregressiveDrafter.name: AutoregressiveDrafter,
     EarlyExitDrafter.name: EarlyExitDrafter,
+    BlockwiseDrafter.name: BlockwiseDrafter,
 }

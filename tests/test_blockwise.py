@@ -1,0 +1,113 @@
+"""Blockwise parallel decoding (cmasd.drafters.blockwise): drafts from the verifier's own
+last state through k - 1 heads, in process on tiny random verifiers with random heads
+(lossless against fairseq's greedy SequenceGenerator at batch 1, 7 and 16), and through
+the doors a user takes: data-prep/train-blockwise-heads.sh trains heads with fairseq-train
+on real text that beat a constant, fairseq-generate decodes with them equal to --beam 1,
+and heads of another verifier are refused."""
+
+import pytest
+import torch
+from conftest import REPO, run
+from fairseq import checkpoint_utils
+from fairseq.sequence_generator import SequenceGenerator
+from test_drafter import tiny_drafter
+from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, probe  # noqa: F401
+from test_untrained import ragged_source
+
+from cmasd.checkpoint import allow_fairseq_checkpoints
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.decoding.stats import DecodeStats
+from cmasd.drafters.blockwise import BlockwiseDrafter
+from cmasd.models.blockwise_heads import BlockwiseHeadsConfig, BlockwiseHeadsModel
+from cmasd.verification.acceptance import Exact
+from cmasd.verification.confidence import ConfidenceSpec
+from cmasd.verification.controllers import Fixed
+
+MAX_LEN = 24
+K = 5
+
+
+def random_heads(verifier, seed=4):
+    torch.manual_seed(seed)
+    cfg = BlockwiseHeadsConfig(blockwise_k=K, blockwise_ffn_dim=32)
+    model = BlockwiseHeadsModel(cfg, verifier.decoder.output_projection.weight.size(1), verifier)
+    with torch.no_grad():
+        for layer in model.down:
+            layer.weight.normal_(0.0, 3.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("spec_k", [2, K - 1])
+def test_random_heads_decode_as_fairseq_greedy(normalize_before, spec_k):
+    _, verifier, dictionary = tiny_drafter(learned_pos=normalize_before, normalize_before=normalize_before, seed=6)
+    with torch.no_grad():
+        verifier.decoder.output_projection.weight[dictionary.eos()] *= 4.0  # rows end at different times
+    drafter = BlockwiseDrafter(random_heads(verifier), dictionary.pad())
+    rules = LengthRules(max_len_b=MAX_LEN, max_positions=verifier.max_decoder_positions())
+    decoder = SpeculativeGenerator(verifier, drafter, dictionary, Fixed(spec_k, K - 1), Exact(), ConfidenceSpec(),
+                                   rules)
+    reference = SequenceGenerator([verifier], dictionary, beam_size=1, max_len_b=MAX_LEN)
+    gen = torch.Generator().manual_seed(3)
+    run_stats = DecodeStats()
+    for bsz in (1, 7, 16):
+        src, src_lengths = ragged_source(dictionary, gen, bsz)
+        sample = {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+        with torch.no_grad():
+            expected = reference.generate([verifier], sample)
+            got, stats = decoder.decode(sample)
+        run_stats.add(stats)
+        for row in range(bsz):
+            assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (bsz, row)
+    summary = run_stats.summary()
+    assert summary["mean_k"] > 0.5  # drafts from every row's second iteration on
+    assert summary["rollback_rate"] > 0  # and some are wrong: the test has something to reject
+
+
+@pytest.fixture(scope="module")
+def heads(multi30k, verifier, tmp_path_factory):
+    save = tmp_path_factory.mktemp("blockwise-heads")
+    run(["bash", REPO / "data-prep" / "train-blockwise-heads.sh", multi30k, verifier, "--blockwise-k", str(K),
+         "--max-update", "200", "--lr", "3e-3", "--warmup-updates", "50", "--save-dir", save,
+         "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0"])
+    return save / "checkpoint_last.pt"
+
+
+def test_trained_heads_beat_a_constant_on_held_out_sentences(multi30k, verifier, heads):
+    allow_fairseq_checkpoints()
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(heads)], arg_overrides={"data": str(multi30k)})
+    model = models[0].eval()
+    assert all(name.startswith(("up.", "down.")) for name in model.state_dict())  # the verifier is not saved
+    verifiers, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(verifier)],
+                                                                      arg_overrides={"data": str(multi30k)})
+    model._verifier[0] = verifiers[0].eval()
+    task.load_dataset("test")
+    dataset = task.dataset("test")
+    batch = dataset.collater([dataset[i] for i in range(len(dataset))])
+    with torch.no_grad():
+        logits, _ = model(**batch["net_input"])
+    target = batch["target"]
+    ahead = target[:, 1:]  # head 2: the token after the next one
+    real = ahead.ne(task.target_dictionary.pad())
+    right = (logits[0][:, :-1].argmax(dim=-1)[real] == ahead[real]).float().mean().item()
+    constant = ahead[real].bincount().max().item() / int(real.sum())
+    assert right > constant + 0.05, (right, constant)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 16])
+def test_trained_heads_decode_as_beam1(probe, verifier, heads, greedy, batch_size):  # noqa: F811
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", heads,
+                    "--spec-k", str(K - 1), "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+
+
+def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
+    allow_fairseq_checkpoints()
+    state = torch.load(verifier, map_location="cpu", weights_only=False)
+    weight = next(name for name in state["model"] if name.endswith("fc2.weight"))
+    state["model"][weight] = state["model"][weight] * 0.99
+    other = tmp_path / "other.pt"
+    torch.save(state, other)
+    proc = generate(probe, other, "--batch-size", "16", "--drafter-path", heads, "--spec-k", str(K - 1), check=False)
+    assert proc.returncode != 0
+    assert "trained for another verifier" in proc.stderr
