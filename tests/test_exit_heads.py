@@ -80,9 +80,9 @@ def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path)
     assert "trained for another verifier" in proc.stderr
 
 
-@pytest.mark.parametrize("option, value", [("--specbound-alpha", "-1"), ("--specbound-tau", "1.5"),
-                                           ("--specbound-d-max", "2"), ("--specbound-w-max", "0")])
-def test_specbound_options_out_of_range_are_named(probe, verifier, option, value):  # noqa: F811
-    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", option, value, check=False)
+def test_specbound_option_out_of_range_is_named(probe, verifier):  # noqa: F811
+    """Every bound's message: tests/test_specbound.py; here one reaches fairseq-generate's user."""
+    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", "--specbound-d-max", "2",
+                    check=False)
     assert proc.returncode != 0
-    assert option in proc.stderr
+    assert "--specbound-d-max: must lie in 1 .. 1 (the verifier has 2 decoder layers), got 2" in proc.stderr
