@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import REPO, run
 from fairseq import checkpoint_utils
-from fairseq.sequence_generator import SequenceGenerator
 from test_drafter import tiny_drafter
+from test_exit_heads import another_verifier
 from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, probe  # noqa: F401
-from test_untrained import ragged_source
+from test_untrained import MAX_LEN, decodes_as_greedy
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
@@ -23,14 +23,13 @@ from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
 
-MAX_LEN = 24
 K = 5
 
 
 def random_heads(verifier, seed=4):
     torch.manual_seed(seed)
     cfg = BlockwiseHeadsConfig(blockwise_k=K, blockwise_ffn_dim=32)
-    model = BlockwiseHeadsModel(cfg, verifier.decoder.output_projection.weight.size(1), verifier)
+    model = BlockwiseHeadsModel(cfg, BlockwiseHeadsModel.shape(verifier), verifier)
     with torch.no_grad():
         for layer in model.down:
             layer.weight.normal_(0.0, 3.0)
@@ -47,18 +46,9 @@ def test_random_heads_decode_as_fairseq_greedy(normalize_before, spec_k):
     rules = LengthRules(max_len_b=MAX_LEN, max_positions=verifier.max_decoder_positions())
     decoder = SpeculativeGenerator(verifier, drafter, dictionary, Fixed(spec_k, K - 1), Exact(), ConfidenceSpec(),
                                    rules)
-    reference = SequenceGenerator([verifier], dictionary, beam_size=1, max_len_b=MAX_LEN)
-    gen = torch.Generator().manual_seed(3)
     run_stats = DecodeStats()
-    for bsz in (1, 7, 16):
-        src, src_lengths = ragged_source(dictionary, gen, bsz)
-        sample = {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
-        with torch.no_grad():
-            expected = reference.generate([verifier], sample)
-            got, stats = decoder.decode(sample)
+    for _, _, _, stats in decodes_as_greedy(decoder, verifier, dictionary):
         run_stats.add(stats)
-        for row in range(bsz):
-            assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (bsz, row)
     summary = run_stats.summary()
     assert summary["mean_k"] > 0.5  # drafts from every row's second iteration on
     assert summary["rollback_rate"] > 0  # and some are wrong: the test has something to reject
@@ -102,12 +92,6 @@ def test_trained_heads_decode_as_beam1(probe, verifier, heads, greedy, batch_siz
 
 
 def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
-    allow_fairseq_checkpoints()
-    state = torch.load(verifier, map_location="cpu", weights_only=False)
-    weight = next(name for name in state["model"] if name.endswith("fc2.weight"))
-    state["model"][weight] = state["model"][weight] * 0.99
-    other = tmp_path / "other.pt"
-    torch.save(state, other)
-    proc = generate(probe, other, "--batch-size", "16", "--drafter-path", heads, "--spec-k", str(K - 1), check=False)
+    proc = generate(probe, another_verifier(verifier, tmp_path), "--batch-size", "16", "--drafter-path", heads, "--spec-k", str(K - 1), check=False)
     assert proc.returncode != 0
     assert "trained for another verifier" in proc.stderr

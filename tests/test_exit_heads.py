@@ -11,7 +11,7 @@ from fairseq import checkpoint_utils
 from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, probe  # noqa: F401
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
-from cmasd.models.exit_heads import verifier_fingerprint
+from cmasd.models.heads import verifier_fingerprint
 
 HEADS_UPDATES = 200
 
@@ -67,14 +67,19 @@ def test_specbound_without_heads_equals_beam1(probe, verifier, greedy):  # noqa:
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
 
 
-def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
+def another_verifier(verifier, tmp_path):
+    """``verifier`` with one weight matrix changed by 1%: another verifier, same shapes."""
     allow_fairseq_checkpoints()
     state = torch.load(verifier, map_location="cpu", weights_only=False)
     weight = next(name for name in state["model"] if name.endswith("fc1.weight"))
     state["model"][weight] = state["model"][weight] * 1.01
     other = tmp_path / "other.pt"
     torch.save(state, other)
-    proc = generate(probe, other, "--batch-size", "16", "--drafter-kind", "specbound", "--drafter-path", heads,
+    return other
+
+
+def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
+    proc = generate(probe, another_verifier(verifier, tmp_path), "--batch-size", "16", "--drafter-kind", "specbound", "--drafter-path", heads,
                     check=False)
     assert proc.returncode != 0
     assert "trained for another verifier" in proc.stderr

@@ -6,9 +6,8 @@ behave as seed 002 defines them; options out of range are refused with one messa
 
 import pytest
 import torch
-from fairseq.sequence_generator import SequenceGenerator
 from test_drafter import encoded_source, sequences, tiny_drafter
-from test_untrained import ragged_source
+from test_untrained import MAX_LEN, decodes_as_greedy
 
 from cmasd.decoding.cache import BlockScorer, Resume
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
@@ -17,8 +16,6 @@ from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads, annealed_
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
-
-MAX_LEN = 24
 
 
 def verifier_of(normalize_before=False, seed=5):
@@ -84,17 +81,8 @@ def test_specbound_decodes_as_fairseq_greedy(bounds, normalize_before):
     rules = LengthRules(max_len_b=MAX_LEN, max_positions=verifier.max_decoder_positions())
     decoder = SpeculativeGenerator(verifier, drafter, dictionary, Fixed(bounds["w_max"], None), Exact(),
                                    ConfidenceSpec(), rules)
-    reference = SequenceGenerator([verifier], dictionary, beam_size=1, max_len_b=MAX_LEN)
-    gen = torch.Generator().manual_seed(3)
     sent = 0
-    for bsz in (1, 7, 16):
-        src, src_lengths = ragged_source(dictionary, gen, bsz)
-        sample = {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
-        with torch.no_grad():
-            expected = reference.generate([verifier], sample)
-            got, stats = decoder.decode(sample)
-        for row in range(bsz):
-            assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (bounds, bsz, row)
+    for _, _, _, stats in decodes_as_greedy(decoder, verifier, dictionary):
         summary = stats.summary()
         if summary["mean_k"] > 0:
             sent += 1

@@ -16,7 +16,6 @@ from torch import Tensor
 
 from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
 from cmasd.models.blockwise_heads import BlockwiseHeadsModel
-from cmasd.models.exit_heads import check_verifier
 
 
 class BlockwiseDrafter(ModelDrafter):
@@ -37,7 +36,7 @@ class BlockwiseDrafter(ModelDrafter):
 
     @classmethod
     def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "BlockwiseDrafter":
-        check_verifier(model.cfg, verifier, f"--drafter-path {cfg.drafter_path}")
+        model.check_verifier(verifier, f"--drafter-path {cfg.drafter_path}")
         return cls(model, verifier.decoder.padding_idx)
 
     def start(self, source: Source, capacity: int) -> Stateless:

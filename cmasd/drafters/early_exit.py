@@ -28,7 +28,7 @@ from torch import Tensor
 
 from cmasd.decoding.cache import Resume
 from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
-from cmasd.models.exit_heads import ExitHeadsModel, check_verifier
+from cmasd.models.exit_heads import ExitHeadsModel
 
 
 class ExitHeads(abc.ABC):
@@ -101,7 +101,7 @@ class EarlyExitDrafter(ModelDrafter):
         if model is None:
             heads: ExitHeads = VerifierHeads()
         else:
-            check_verifier(model.cfg, verifier, f"--drafter-path {cfg.drafter_path}")
+            model.check_verifier(verifier, f"--drafter-path {cfg.drafter_path}")
             heads = TrainedHeads(model)
         d_max = cfg.specbound_d_max if cfg.specbound_d_max is not None else layers - 1
         return cls(heads, layers, verifier.decoder.padding_idx, cfg.specbound_alpha, cfg.specbound_tau, d_max,

@@ -34,8 +34,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from cmasd.compat import fix_ngram_blocker
-from cmasd.models.blockwise_heads import BlockwiseHeadsModel
-from cmasd.models.exit_heads import ExitHeadsModel
+from cmasd.models.heads import HeadsOfVerifier
 from cmasd.models.verifier import DrafterOfVerifier
 from cmasd.options import (
     SpeculativeDecodingConfig,
@@ -137,7 +136,7 @@ class TranslationSpeculativeTask(TranslationTask):
         model = super().build_model(cfg, from_checkpoint)
         if isinstance(model, DrafterOfVerifier) and not cfg.verifier_arch:
             cfg.verifier_arch = model.drafter_cfg.verifier_arch
-        if isinstance(model, (ExitHeadsModel, BlockwiseHeadsModel)) and not cfg.verifier_fingerprint:  # the heads'
+        if isinstance(model, HeadsOfVerifier) and not cfg.verifier_fingerprint:  # likewise the heads'
             cfg.verifier_fingerprint = model.cfg.verifier_fingerprint
             cfg.verifier_shape = model.cfg.verifier_shape
         return model
