@@ -46,7 +46,10 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     drafter_kind: ChoiceEnum([AUTO] + list(DRAFTER_KINDS)) = field(
         default=AUTO,
         metadata={"help": "how --drafter-path drafts: spec (the Spec-Drafter, non-autoregressive), autoregressive "
-                  "(a fairseq Transformer, one token per pass), or auto (from the checkpoint's model)"},
+                  "(a fairseq Transformer, one token per pass), specbound (early exits of the verifier's own layers "
+                  "with exit heads; without --drafter-path, the verifier's output head at every layer), blockwise "
+                  "(blockwise parallel decoding's heads on the verifier's last state), or auto (from the "
+                  "checkpoint's model)"},
     )
     spec_controller: ChoiceEnum(list(CONTROLLERS)) = field(
         default="fixed",

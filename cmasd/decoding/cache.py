@@ -161,5 +161,3 @@ class Resume:
 
     layers: int
     states: Tensor  # (B, n, C): the block's states after layer ``layers`` - 1
-
-

@@ -32,13 +32,14 @@ Drafters compose (``cmasd.drafters.compose.Fallback``): a lookup in front of a m
 drafter serves the rows it can, the model the others, and the model does not run in an
 iteration where the lookup serves every row.
 
-A self-speculative drafter drafts with the verifier's own lower layers
-(``reads_verifier``): its request carries the verifier's scorer and cache
-(``request.verifier``), it writes the keys and values of the block it feeds into that cache
-as it goes, and its draft returns the block's states after the layers it ran for all of
-it (``Draft.resume``), so that verifying the block runs only the layers above. Exactness
-is the drafter's to keep: the states and the cached keys and values of layers below
-``resume.layers`` must be those a full pass over the block would compute.
+A self-speculative drafter drafts with the verifier itself (``reads_verifier``): its
+request carries the verifier's scorer, cache and last-layer states (``request.verifier``).
+One that runs the verifier's lower layers over the block it drafts (SpecBound) writes their
+keys and values into that cache as it goes and returns the block's states after the layers
+it ran for all of it (``Draft.resume``), so that verifying the block runs only the layers
+above; exactness is its to keep: the states and the cached keys and values of the layers
+below ``resume.layers`` must be those a full pass over the block would compute. One that
+drafts from the verifier's last states (blockwise heads) reads ``last_states``.
 """
 
 import abc
