@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from cmasd.compat import pin_beam_size
 from cmasd.decoding.generator import SpeculativeGenerator
 from cmasd.decoding.stats import DecodeStats
 from cmasd.tools.bench.configs import FLOOR, GREEDY
@@ -57,6 +58,8 @@ def decode_split(generator, setup: Setup, batches) -> Run:
     stats = DecodeStats()
     batch_seconds, hypotheses, longest = [], {}, []
     for sample in batches:
+        if not speculative:
+            pin_beam_size(generator, setup.model)  # fairseq's: the beam of the last generator built
         start = clock(setup.device)
         if speculative:
             hypos, batch_stats = generator.decode(sample)
