@@ -57,9 +57,9 @@ def decode_split(generator, setup: Setup, batches) -> Run:
     speculative = isinstance(generator, SpeculativeGenerator)
     stats = DecodeStats()
     batch_seconds, hypotheses, longest = [], {}, []
+    if not speculative:
+        pin_beam_size(generator, setup.model)  # fairseq's: the beam of the last generator built
     for sample in batches:
-        if not speculative:
-            pin_beam_size(generator, setup.model)  # fairseq's: the beam of the last generator built
         start = clock(setup.device)
         if speculative:
             hypos, batch_stats = generator.decode(sample)
