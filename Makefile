@@ -22,7 +22,7 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 demo: setup
 	bash data-prep/demo.sh

@@ -85,3 +85,24 @@ def fix_ngram_blocker(generator):
         "using the rule on the tokens up to each step instead"
     )
     return generator
+
+
+def pin_beam_size(generator, model) -> None:
+    """Give ``model`` the beam size of fairseq ``generator`` before it decodes. fairseq's
+    BART makes its encoder-decoder attention "beamable" when a ``SequenceGenerator`` with a
+    beam above 1 is built on it (``BARTModel.set_beam_size``: the attention reads one copy of
+    the encoder output per sentence, whose reordering becomes a no-op), and nothing undoes it:
+    a greedy generator built or run later on the same model (cmasd-bench's beam and greedy
+    rows) decodes with the beam's attention, mixing the encoder keys of different sentences
+    or failing on a batch that is not a multiple of the beam. Other fairseq models have no
+    beamable attention and are left as they are."""
+    if not hasattr(model, "set_beam_size"):
+        return
+    beam = getattr(generator, "beam_size", 1)
+    if beam > 1:
+        model.set_beam_size(beam)  # what building the generator did
+        return
+    for layer in model.decoder.layers:
+        if getattr(layer, "encoder_attn", None) is not None and hasattr(layer.encoder_attn, "set_beam_size"):
+            layer.encoder_attn.set_beam_size(1)
+    model.encoder.__dict__.pop("reorder_encoder_out", None)  # the class's own again

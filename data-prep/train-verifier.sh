@@ -25,12 +25,12 @@ SIZE      base (default): --arch transformer_wmt_en_de --share-all-embeddings (6
             from scratch, post-norm BART's encoder collapses: every source position gives the
             same state within 1,000 updates, docs/RESULTS.md), for summarization: dropout 0.1,
             attention-dropout 0.1, weight-decay 0.01, adam (0.9, 0.98), lr 1e-3, inverse_sqrt,
-            500 warmup updates from 1e-7, no gradient clipping, label smoothing 0.1, max-tokens 4096, sources and targets up to
-            1024 positions (longer sources are cut: --truncate-source), seed 1; through cmasd's
-            task (--user-dir fairseq_plugins --task translation_speculative --drafter-cuts 0,
-            so decoding it needs --user-dir too), with the forward pass under bfloat16 autocast
-            on a CPU with native bfloat16 (--drafter-bf16-autocast; CMASD_DRAFTER_FP32=1 trains
-            in float32)
+            500 warmup updates from 1e-7, no gradient clipping, label smoothing 0.1, max-tokens
+            4096, sources and targets up to 1024 positions (longer sources are cut:
+            --truncate-source), seed 1; through cmasd's task (--user-dir fairseq_plugins --task
+            translation_speculative --drafter-cuts 0, so decoding it needs --user-dir too), with
+            the forward pass under bfloat16 autocast on a CPU with native bfloat16
+            (--drafter-bf16-autocast; CMASD_DRAFTER_FP32=1 trains in float32)
 Further options go to fairseq-train unchanged and win over the recipe's, e.g.
   --max-update 200, --max-epoch 30, --stop-time-hours 1.5, --no-epoch-checkpoints, --patience 5
 --cpu is added when torch sees no CUDA GPU.

@@ -494,3 +494,35 @@ def test_fairseq_rows_get_the_n_gram_rule_that_blocks_whatever_the_task():
     for name in ("greedy", "beam4"):
         generator = build_generator(setup, CONFIGS[name], {}, {}, {"no_repeat_ngram_size": 3})
         assert blocks_repeats(generator.repeat_ngram_blocker), name
+
+
+def test_fairseq_rows_decode_with_their_own_beam_size():
+    """fairseq's BART makes its attention beamable when a beam search is built on it, and
+    nothing undoes it: built beside a beam-4 row, as the bench builds its rows, greedy decoded
+    with beam 4's attention (a batch of 3 failed; a batch of 16 mixed sentences' encoder keys).
+    The bench gives each fairseq row its own."""
+    import types
+
+    from fairseq.sequence_generator import SequenceGenerator
+    from test_block_scoring import tiny_bart
+    from test_drafter import source_batch
+
+    from cmasd.tools.bench.loading import build_generator
+    from cmasd.tools.bench.measure import decode_split
+
+    model, dictionary = tiny_bart()
+
+    class PlainTask:
+        def build_generator(self, models, gen):
+            return SequenceGenerator(models, dictionary, beam_size=gen.beam, max_len_b=gen.max_len_b)
+
+    setup = types.SimpleNamespace(task=PlainTask(), model=model, device=torch.device("cpu"))
+    src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(5), bsz=3)
+    batches = [{"id": torch.arange(3), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}]
+    generation = {"max_len_b": 10}
+    alone = decode_split(build_generator(setup, CONFIGS["greedy"], {}, {}, generation), setup, batches)
+    beam = build_generator(setup, CONFIGS["beam4"], {}, {}, generation)
+    greedy = build_generator(setup, CONFIGS["greedy"], {}, {}, generation)
+    beam_alone = decode_split(beam, setup, batches)
+    assert decode_split(greedy, setup, batches).hypotheses == alone.hypotheses
+    assert decode_split(beam, setup, batches).hypotheses == beam_alone.hypotheses

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from cmasd.compat import pin_beam_size
 from cmasd.decoding.generator import SpeculativeGenerator
 from cmasd.decoding.stats import DecodeStats
 from cmasd.tools.bench.configs import FLOOR, GREEDY
@@ -56,6 +57,8 @@ def decode_split(generator, setup: Setup, batches) -> Run:
     speculative = isinstance(generator, SpeculativeGenerator)
     stats = DecodeStats()
     batch_seconds, hypotheses, longest = [], {}, []
+    if not speculative:
+        pin_beam_size(generator, setup.model)  # fairseq's: the beam of the last generator built
     for sample in batches:
         start = clock(setup.device)
         if speculative:
