@@ -336,6 +336,9 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         kind = DRAFTER_KINDS[cfg.drafter_kind]
         if not kind.model_optional:
             raise ValueError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
+    if kind is not None and sampling is not None and not kind.samples:
+        raise ValueError(f"--drafter-kind {kind.name}: drafts the argmax only, it cannot propose draws for --sampling "
+                         "(leave out --sampling, or choose a drafter that samples)")
     kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
     controller, acceptance, confidence = build_parts(
         cfg, None if kind is None else kind.horizon_limit(drafter_model), sampling is not None

@@ -85,9 +85,12 @@ def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path)
     assert "trained for another verifier" in proc.stderr
 
 
-def test_specbound_option_out_of_range_is_named(probe, verifier):  # noqa: F811
-    """Every bound's message: tests/test_specbound.py; here one reaches fairseq-generate's user."""
-    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", "--specbound-d-max", "2",
-                    check=False)
+@pytest.mark.parametrize("options, message", [
+    (["--specbound-d-max", "2"], "--specbound-d-max: must lie in 1 .. 1 (the verifier has 2 decoder layers), got 2"),
+    (["--sampling"], "--drafter-kind specbound: drafts the argmax only, it cannot propose draws for --sampling"),
+])
+def test_specbound_bad_options_are_named(probe, verifier, options, message):  # noqa: F811
+    """Every bound's message: tests/test_specbound.py; here they reach fairseq-generate's user."""
+    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", *options, check=False)
     assert proc.returncode != 0
-    assert "--specbound-d-max: must lie in 1 .. 1 (the verifier has 2 decoder layers), got 2" in proc.stderr
+    assert message in proc.stderr

@@ -168,6 +168,7 @@ class ModelDrafter(Drafter):
 
     model_class: type  # the fairseq model class it drafts with; ``--drafter-kind auto`` matches on it
     model_optional: bool = False  # True: ``--drafter-kind NAME`` drafts without ``--drafter-path`` too (model None)
+    samples: bool = True  # False: proposes argmax tokens only; refused with --sampling when the generator is built
 
     @staticmethod
     @abc.abstractmethod

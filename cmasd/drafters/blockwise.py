@@ -24,6 +24,7 @@ class BlockwiseDrafter(ModelDrafter):
     name = "blockwise"
     reads_verifier = True
     model_class = BlockwiseHeadsModel
+    samples = False  # proposes the heads' argmax
 
     def __init__(self, model: BlockwiseHeadsModel, pad: int):
         self.model = model.eval()
@@ -43,8 +44,6 @@ class BlockwiseDrafter(ModelDrafter):
         return STATELESS
 
     def draft(self, state: Stateless, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Stateless]:
-        if request.sampling is not None:
-            raise ValueError("blockwise parallel decoding drafts greedily: it does not sample (leave out --sampling)")
         bsz = tokens.size(0)
         width = min(request.horizon, self.max_horizon)
         last = None if request.verifier is None else request.verifier.last_states

@@ -90,6 +90,7 @@ class EarlyExitDrafter(ModelDrafter):
     reads_verifier = True
     model_class = ExitHeadsModel
     model_optional = True  # no --drafter-path: untrained heads (``VerifierHeads``)
+    samples = False  # exits on a confident argmax
 
     @staticmethod
     def horizon_limit(model) -> Optional[int]:
@@ -121,8 +122,6 @@ class EarlyExitDrafter(ModelDrafter):
         return STATELESS  # everything it keeps is in the verifier's cache
 
     def draft(self, state: Stateless, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Stateless]:
-        if request.sampling is not None:
-            raise ValueError("SpecBound drafts greedily: it does not sample (leave out --sampling)")
         if request.verifier is None:
             raise ValueError("SpecBound drafts with the verifier's layers: the loop must pass request.verifier")
         scorer, cache = request.verifier.scorer, request.verifier.cache
