@@ -1,0 +1,57 @@
+"""How far apart a fairseq encoder keeps its source positions, layer by layer.
+
+The probe behind docs/RESULTS.md's "encoder collapse" table (2026-11-26): for each
+checkpoint, the encoder runs (float32, fairseq's own forward, ``return_all_hiddens``) on
+the first N sentences of a split, and each layer's states over every non-pad source
+position of those sentences get their standard deviation per channel, averaged over
+channels. An encoder that collapsed gives the decoder the same vector for every
+position (a spread near 0); at initialisation it is about 1.
+
+    python docs/probes/encoder_spread.py DATA CHECKPOINT [CHECKPOINT ...] [--subset valid] [--sentences 8]
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+import fairseq_plugins  # noqa: E402,F401  (cmasd's task and models, as fairseq-generate --user-dir loads them)
+from fairseq import checkpoint_utils  # noqa: E402
+
+from cmasd.checkpoint import allow_fairseq_checkpoints  # noqa: E402
+
+
+def spread(states: torch.Tensor, keep: torch.Tensor) -> float:
+    """Mean over channels of the std over kept positions: states (T, B, C), keep (T, B)."""
+    return states[keep].std(0).mean().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", help="the data-bin the checkpoint was trained on")
+    parser.add_argument("checkpoints", nargs="+")
+    parser.add_argument("--subset", default="valid")
+    parser.add_argument("--sentences", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    allow_fairseq_checkpoints()
+    for path in args.checkpoints:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": args.data})
+        model = models[0].float().eval()
+        task.load_dataset(args.subset)
+        dataset = task.dataset(args.subset)
+        batch = dataset.collater([dataset[i] for i in range(min(args.sentences, len(dataset)))])
+        src = batch["net_input"]["src_tokens"]
+        with torch.no_grad():
+            out = model.encoder(src, src_lengths=batch["net_input"]["src_lengths"], return_all_hiddens=True)
+        keep = src.ne(task.source_dictionary.pad()).t()
+        layers = [spread(h, keep) for h in out["encoder_states"]]  # embeddings, then each layer's output
+        print(f"{path}: embeddings {layers[0]:.2g}; layers 1..{len(layers) - 1} "
+              + " ".join(f"{v:.2g}" for v in layers[1:])
+              + f"; encoder output (after any final layer norm) {spread(out['encoder_out'][0], keep):.3g}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
