@@ -99,10 +99,6 @@ def pin_beam_size(generator, model) -> None:
     if not hasattr(model, "set_beam_size"):
         return
     beam = getattr(generator, "beam_size", 1)
-    if beam > 1:
-        model.set_beam_size(beam)  # what building the generator did
-        return
-    for layer in model.decoder.layers:
-        if getattr(layer, "encoder_attn", None) is not None and hasattr(layer.encoder_attn, "set_beam_size"):
-            layer.encoder_attn.set_beam_size(1)
-    model.encoder.__dict__.pop("reorder_encoder_out", None)  # the class's own again
+    model.set_beam_size(beam)  # fairseq's own: each layer's attention gets the beam
+    if beam == 1:  # set_beam_size leaves the no-op reordering: the encoder's class's own again
+        model.encoder.__dict__.pop("reorder_encoder_out", None)

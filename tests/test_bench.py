@@ -472,25 +472,31 @@ def test_the_table_shows_a_speedup_over_each_beam_search_that_ran():
     assert CONFIGS["beam4"].beam == 4
 
 
-def test_fairseq_rows_get_the_n_gram_rule_that_blocks_whatever_the_task():
-    """A checkpoint of fairseq's own translation task builds fairseq 0.12's blocker, which bans
-    nothing on a CPU: the bench's beam and greedy rows get the one that blocks."""
+def plain_task_setup(model, dictionary):
+    """A bench setup for ``model`` whose task builds what fairseq's
+    TranslationTask.build_generator builds, nothing more: a SequenceGenerator with the row's
+    beam, length and n-gram options."""
     import types
 
     from fairseq.sequence_generator import SequenceGenerator
+
+    class PlainTask:
+        def build_generator(self, models, gen):
+            return SequenceGenerator(models, dictionary, beam_size=gen.beam, max_len_b=gen.max_len_b,
+                                     no_repeat_ngram_size=gen.no_repeat_ngram_size)
+
+    return types.SimpleNamespace(task=PlainTask(), model=model, device=torch.device("cpu"))
+
+
+def test_fairseq_rows_get_the_n_gram_rule_that_blocks_whatever_the_task():
+    """A checkpoint of fairseq's own translation task builds fairseq 0.12's blocker, which bans
+    nothing on a CPU: the bench's beam and greedy rows get the one that blocks."""
     from test_block_scoring import tiny_transformer
 
     from cmasd.compat import blocks_repeats
     from cmasd.tools.bench.loading import build_generator
 
-    model, dictionary = tiny_transformer(False, False)
-
-    class PlainTask:  # what fairseq's TranslationTask.build_generator returns, nothing more
-        def build_generator(self, models, gen):
-            return SequenceGenerator(models, dictionary, beam_size=gen.beam,
-                                     no_repeat_ngram_size=gen.no_repeat_ngram_size)
-
-    setup = types.SimpleNamespace(task=PlainTask(), model=model)
+    setup = plain_task_setup(*tiny_transformer(False, False))
     for name in ("greedy", "beam4"):
         generator = build_generator(setup, CONFIGS[name], {}, {}, {"no_repeat_ngram_size": 3})
         assert blocks_repeats(generator.repeat_ngram_blocker), name
@@ -501,9 +507,6 @@ def test_fairseq_rows_decode_with_their_own_beam_size():
     nothing undoes it: built beside a beam-4 row, as the bench builds its rows, greedy decoded
     with beam 4's attention (a batch of 3 failed; a batch of 16 mixed sentences' encoder keys).
     The bench gives each fairseq row its own."""
-    import types
-
-    from fairseq.sequence_generator import SequenceGenerator
     from test_block_scoring import tiny_bart
     from test_drafter import source_batch
 
@@ -511,12 +514,7 @@ def test_fairseq_rows_decode_with_their_own_beam_size():
     from cmasd.tools.bench.measure import decode_split
 
     model, dictionary = tiny_bart()
-
-    class PlainTask:
-        def build_generator(self, models, gen):
-            return SequenceGenerator(models, dictionary, beam_size=gen.beam, max_len_b=gen.max_len_b)
-
-    setup = types.SimpleNamespace(task=PlainTask(), model=model, device=torch.device("cpu"))
+    setup = plain_task_setup(model, dictionary)
     src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(5), bsz=3)
     batches = [{"id": torch.arange(3), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}]
     generation = {"max_len_b": 10}

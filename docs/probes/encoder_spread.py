@@ -17,10 +17,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-import fairseq_plugins  # noqa: E402,F401  (cmasd's task and models, as fairseq-generate --user-dir loads them)
+import fairseq_plugins  # noqa: E402,F401  (cmasd's task and models and the checkpoint allow-list, as --user-dir loads them)
 from fairseq import checkpoint_utils  # noqa: E402
-
-from cmasd.checkpoint import allow_fairseq_checkpoints  # noqa: E402
 
 
 def spread(states: torch.Tensor, keep: torch.Tensor) -> float:
@@ -36,7 +34,6 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    allow_fairseq_checkpoints()
     for path in args.checkpoints:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": args.data})
         model = models[0].float().eval()
