@@ -5,8 +5,11 @@ the doors a user takes: data-prep/train-blockwise-heads.sh trains heads with fai
 on real text that beat a constant, fairseq-generate decodes with them equal to --beam 1,
 and heads of another verifier are refused."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from fairseq.data import Dictionary
 from conftest import REPO, run
 from fairseq import checkpoint_utils
 from test_drafter import tiny_drafter
@@ -19,6 +22,7 @@ from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.decoding.stats import DecodeStats
 from cmasd.drafters.blockwise import BlockwiseDrafter
 from cmasd.models.blockwise_heads import BlockwiseHeadsConfig, BlockwiseHeadsModel
+from cmasd.training.blockwise_heads_loss import BlockwiseHeadsLoss
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
@@ -52,6 +56,28 @@ def test_random_heads_decode_as_fairseq_greedy(normalize_before, spec_k):
     summary = run_stats.summary()
     assert summary["mean_k"] > 0.5  # drafts from every row's second iteration on
     assert summary["rollback_rate"] > 0  # and some are wrong: the test has something to reject
+
+
+def test_heads_reaching_past_every_target_carry_no_loss():
+    dictionary = Dictionary()
+    for word in "abcdefgh":
+        dictionary.add_symbol(word)
+    pad, vocab = dictionary.pad(), len(dictionary)
+    target = torch.tensor([[5, 6, 7, dictionary.eos()], [8, dictionary.eos(), pad, pad]])  # (B, T = 4)
+    heads = [torch.zeros(2, 4, vocab) for _ in range(2, 8)]  # heads 2 .. 7: 3 .. 6 reach past T
+    for logits in heads:
+        logits[:, :, dictionary.index("h")] = 1.0  # a wrong guess everywhere
+    heads[0][0, 0, 6] = 9.0  # head 2 at row 0, position 0 predicts target[0, 1] = 6: right
+
+    def model(**_):
+        return heads, None
+
+    criterion = BlockwiseHeadsLoss(SimpleNamespace(target_dictionary=dictionary), label_smoothing=0.0)
+    loss, positions, logging = criterion(model, {"net_input": {}, "target": target})
+    assert positions == 6
+    assert (logging["count2"], logging["right2"]) == (4, 1)  # row 0: 6, 7, eos; row 1: eos
+    assert (logging["count3"], logging["count4"], logging["count5"], logging["count7"]) == (2, 1, 0, 0)
+    assert torch.isfinite(loss)
 
 
 @pytest.fixture(scope="module")

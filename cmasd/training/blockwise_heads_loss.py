@@ -11,7 +11,6 @@ each head predicts right, and their mean over every head, ``acc``.
 
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from fairseq import metrics
 
 from cmasd.training.heads_loss import HeadsLoss, HeadsLossConfig
@@ -31,7 +30,8 @@ class BlockwiseHeadsLoss(HeadsLoss):
         loss = 0.0
         logging = {}
         for head, logits in enumerate(heads, start=2):
-            ahead = F.pad(target[:, head - 1:], (0, head - 1), value=self.padding_idx)  # (B, T)
+            ahead = target.new_full(target.shape, self.padding_idx)  # (B, T): past the end, no loss
+            ahead[:, :max(target.size(1) - (head - 1), 0)] = target[:, head - 1:]
             real = ahead.ne(self.padding_idx)
             head_loss, right = self.head_loss(logits[real], ahead[real])
             loss = loss + head_loss / len(heads)
