@@ -10,7 +10,8 @@ Usage: bash data-prep/train-exit-heads.sh DATASET VERIFIER [fairseq-train option
 
 Trains the exit heads SpecBound drafts with (seed 002): one head per intermediate decoder
 layer of the frozen VERIFIER (a layer norm of its own before the verifier's output
-projection), learning to predict the verifier's own next token, with stock fairseq-train:
+projection and a C x C linear map started from the identity), learning to predict the
+verifier's own next token, with stock fairseq-train:
   --user-dir fairseq_plugins --task translation_speculative --drafter-cuts 0
   --arch exit_heads --criterion exit_heads_loss --verifier-path VERIFIER
 
@@ -26,7 +27,8 @@ Recipe (each can be overridden: options given after VERIFIER come last and win):
   --max-tokens 4096 --max-update 3000
   --best-checkpoint-metric agree --maximize-best-checkpoint-metric
   --save-dir checkpoints/exit-heads-NAME (NAME = the data-bin's folder name)
-  --exit-adapter adds a C x C linear map (from the identity) to each head
+  --exit-adapter: each head's C x C map (CMASD_EXIT_ADAPTER=0 leaves it out: a layer norm
+  alone, which agreed far less with the verifier; docs/RESULTS.md)
   --cpu when torch sees no CUDA device; --drafter-bf16-autocast on a CPU with native
   bfloat16 (CMASD_DRAFTER_FP32=1 leaves it out).
 Validation logs agree@1 .. agree@(L-1): the % of positions where each layer's head
@@ -45,11 +47,13 @@ drafter_recipe_inputs "$1" "$2"
 shift 2
 
 fairseq_tool train
+HEAD_OPTIONS=(--exit-adapter)
+[[ "${CMASD_EXIT_ADAPTER:-1}" == 0 ]] && HEAD_OPTIONS=()
 log "exit heads for $VERIFIER on $DATA"
 exec "${FAIRSEQ_CMD[@]}" "$DATA" \
   --user-dir "$CMASD_ROOT/fairseq_plugins" \
   --task translation_speculative --drafter-cuts 0 \
-  --arch exit_heads --verifier-path "$VERIFIER" \
+  --arch exit_heads --verifier-path "$VERIFIER" ${HEAD_OPTIONS[@]+"${HEAD_OPTIONS[@]}"} \
   --criterion exit_heads_loss --label-smoothing 0.1 \
   --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3 \
   --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7 \

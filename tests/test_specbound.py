@@ -7,7 +7,7 @@ behave as seed 002 defines them; options out of range are refused with one messa
 import pytest
 import torch
 from test_drafter import encoded_source, sequences, tiny_drafter
-from test_untrained import MAX_LEN, decodes_as_greedy
+from test_untrained import KERNELS, MAX_LEN, decodes_as_greedy
 
 from cmasd.decoding.cache import BlockScorer, Resume
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
@@ -23,15 +23,16 @@ def verifier_of(normalize_before=False, seed=5):
     return verifier, dictionary
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("bsz", [2, 4])  # gemv: a block of 2 x 3 rows runs fused layer ranges, 4 x 3 layer by layer
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_lower_layers_then_the_rest_equal_one_full_pass(normalize_before):
+def test_lower_layers_then_the_rest_equal_one_full_pass(normalize_before, bsz, kernels):
     verifier, dictionary = verifier_of(normalize_before)
     gen = torch.Generator().manual_seed(1)
-    bsz = 4
     _, _, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
-    scorer = BlockScorer(verifier.decoder)
+    scorer = BlockScorer(verifier.decoder, kernels)
     prefix = sequences(dictionary, gen, bsz, 5)
-    prefix_len = torch.tensor([2, 5, 3, 4])
+    prefix_len = torch.tensor([2, 5, 3, 4])[:bsz]
     block = sequences(dictionary, gen, bsz, 4)[:, 1:]  # (B, 3)
     start = prefix_len - 1
     with torch.no_grad():
@@ -73,14 +74,15 @@ def test_annealed_temperatures_at_the_first_and_last_layer():
     dict(alpha=2.0, tau=0.2, d_max=2, w_max=2),
 ])
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_specbound_decodes_as_fairseq_greedy(bounds, normalize_before):
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_specbound_decodes_as_fairseq_greedy(bounds, normalize_before, kernels):
     verifier, dictionary = verifier_of(normalize_before)
     with torch.no_grad():
         verifier.decoder.output_projection.weight[dictionary.eos()] *= 4.0  # rows end at different times
     drafter = EarlyExitDrafter(VerifierHeads(), len(verifier.decoder.layers), dictionary.pad(), **bounds)
     rules = LengthRules(max_len_b=MAX_LEN, max_positions=verifier.max_decoder_positions())
     decoder = SpeculativeGenerator(verifier, drafter, dictionary, Fixed(bounds["w_max"], None), Exact(),
-                                   ConfidenceSpec(), rules)
+                                   ConfidenceSpec(), rules, kernels)
     sent = 0
     for _, _, _, stats in decodes_as_greedy(decoder, verifier, dictionary):
         summary = stats.summary()

@@ -23,7 +23,7 @@ Boolean masks are ``True`` where a query may attend to a key, shaped
 """
 
 import math
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -396,6 +396,7 @@ class DecodingDecoder:
         self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
         # gemv kernels: the layers also as one C++ call, for passes of at most GEMV_MAX_ROWS rows
         self.fused = fused_layers(self.layers) if kernels == "gemv" else None
+        self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C)."""
@@ -441,10 +442,11 @@ class DecodingDecoder:
         (B, 2H, T, d) (sequence positions), the queries seeing cache positions < ``used``
         through ``self_bias`` (B, 1, T, used). All layers in one C++ call where the gemv
         kernels' fused layers take a block this small, else layer by layer."""
-        every = first == 0 and last in (None, len(self.layers))
-        if self.fused is not None and every and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
-            return self.fused.states(x, kv, where, used, self_bias, [k for k, _ in cross], [v for _, v in cross],
-                                     cross_bias)
+        last = len(self.layers) if last is None else last
+        fused = self.fused_range(first, last)
+        if fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
+            return fused.states(x, kv[first:last], where, used, self_bias, [k for k, _ in cross[first:last]],
+                                [v for _, v in cross[first:last]], cross_bias)
         heads = self.heads
 
         def self_keys(layer: int, kv_new: Tensor):
@@ -453,6 +455,18 @@ class DecodingDecoder:
             return cache[:, :heads, :used], cache[:, heads:, :used]  # (B, H, used, d) each
 
         return self.states(x, self_keys, self_bias, cross, cross_bias, first, last)
+
+    def fused_range(self, first: int, last: int):
+        """The C++ call of layers ``first`` .. ``last`` - 1 (a self-speculative drafter runs
+        the lower layers, its verification the upper ones), or None (not gemv kernels, or
+        layers it does not run). Built on first use."""
+        if self.fused is None:
+            return None
+        if (first, last) == (0, len(self.layers)):
+            return self.fused
+        if (first, last) not in self.fused_ranges:
+            self.fused_ranges[first, last] = fused_layers(self.layers[first:last])
+        return self.fused_ranges[first, last]
 
     def logits(self, x: Tensor) -> Tensor:
         """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""
