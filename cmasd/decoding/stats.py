@@ -137,17 +137,16 @@ class DecodeStats:
             f"drafted from {name} {100 * s[f'{name}_draft_rate']:.1f}% of iterations"
             for name in sorted({*LOOKUPS, *self.lookup_rows})
         )
+        exits = ("" if s["mean_exit_layer"] is None else
+                 f"drafts exited at layer {s['mean_exit_layer']:.2f} of {self.decoder_layers} on average "
+                 f"({100 * s['layers_skipped']:.1f}% of layers skipped while drafting), ")
         return (
             f"speculative decoding: {s['sentences']} sentences, {s['tokens']} tokens, "
             f"{s['iterations']} row-iterations ({s['verifier_passes']} verifier passes), "
             f"mean accepted tokens/iteration {s['mean_accepted_tokens']:.3f}, "
             f"draft acceptance {100 * s['acceptance_rate']:.1f}% (pardoned {100 * s['pardon_rate']:.1f}%), "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
-            f"mean confidence {mean_confidence}, {lookups}, "
-            + ("" if s["mean_exit_layer"] is None else
-               f"drafts exited at layer {s['mean_exit_layer']:.2f} of {self.decoder_layers} on average "
-               f"({100 * s['layers_skipped']:.1f}% of layers skipped while drafting), ")
-            + 
+            f"mean confidence {mean_confidence}, {lookups}, {exits}"
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
             f"{s['verify_ms_per_iteration']:.2f} ms + bookkeeping "
             f"{s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, "
