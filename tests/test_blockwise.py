@@ -84,7 +84,7 @@ def test_heads_reaching_past_every_target_carry_no_loss():
 def heads(multi30k, verifier, tmp_path_factory):
     save = tmp_path_factory.mktemp("blockwise-heads")
     run(["bash", REPO / "data-prep" / "train-blockwise-heads.sh", multi30k, verifier, "--blockwise-k", str(K),
-         "--max-update", "200", "--lr", "3e-3", "--warmup-updates", "50", "--save-dir", save,
+         "--blockwise-ffn-dim", "128", "--max-update", "200", "--lr", "3e-3", "--warmup-updates", "50", "--save-dir", save,
          "--no-epoch-checkpoints", "--seed", "1", "--num-workers", "0"])
     return save / "checkpoint_last.pt"
 
