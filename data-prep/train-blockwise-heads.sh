@@ -23,16 +23,15 @@ VERIFIER  the verifier checkpoint (.pt); it never changes and is not saved with 
 Recipe (each can be overridden: options given after VERIFIER come last and win):
   --blockwise-k 25 (decoding may send fewer: --spec-k 9 uses heads 2..10, the k = 10 row)
   --blockwise-ffn-dim 1024 --label-smoothing 0.1 --optimizer adam --adam-betas (0.9,0.98)
-  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7
-  --max-tokens 4096 --max-update 3000
+  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7
+  --max-tokens 1024 --max-update 3000 (small batches: the same compute makes 4x the updates)
   --best-checkpoint-metric acc --maximize-best-checkpoint-metric
   --save-dir checkpoints/blockwise-heads-NAME (NAME = the data-bin's folder name)
   --cpu when torch sees no CUDA device; --drafter-bf16-autocast on a CPU with native
   bfloat16 (CMASD_DRAFTER_FP32=1 leaves it out).
 Time on 2 CPU cores (the compact 6+6-layer Multi30k verifier, its distilled data): about
-125 target tokens/s at k = 25 (each token through 24 output projections); with
---max-tokens 1024, 253 updates in 28 minutes gave head 2 51% and head 3 32% valid accuracy
-(docs/RESULTS.md). Smaller batches make more updates of the same compute.
+125 target tokens/s at k = 25 (each token through 24 output projections): 253 updates in
+28 minutes gave head 2 51% and head 3 32% valid accuracy (docs/RESULTS.md).
 Validation logs acc@2 .. acc@5 and acc@k (% of positions each head predicts right) and
 their mean over the heads (acc).
 
@@ -56,8 +55,8 @@ exec "${FAIRSEQ_CMD[@]}" "$DATA" \
   --arch blockwise_heads --verifier-path "$VERIFIER" --blockwise-k 25 --blockwise-ffn-dim 1024 \
   --criterion blockwise_heads_loss --label-smoothing 0.1 \
   --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3 \
-  --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7 \
-  --max-tokens 4096 --max-update 3000 \
+  --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
+  --max-tokens 1024 --max-update 3000 \
   --best-checkpoint-metric acc --maximize-best-checkpoint-metric \
   --skip-invalid-size-inputs-valid-test \
   --save-dir "$CMASD_ROOT/checkpoints/blockwise-heads-$NAME" \
