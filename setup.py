@@ -29,7 +29,7 @@ setup(
     ],
     package_data={"cmasd.decoding": ["csrc/*.cpp"]},
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6"],
         # cmasd-bench's ct2-greedy rows: the engine fairseq users deploy on CPUs.
         "ct2": ["ctranslate2>=4,<5"],
     },

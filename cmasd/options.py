@@ -25,7 +25,6 @@ from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.base import Drafter, Nothing
 from cmasd.drafters.compose import Fallback
 from cmasd.drafters.ngram import HistoryNgram, SourceNgram
-from cmasd.models.verifier import DrafterOfVerifier
 from cmasd.verification.acceptance import ACCEPTANCE_RULES, TAU_SCHEDULES
 from cmasd.verification.confidence import CONFIDENCES, DEFAULT_WEIGHTS, ConfidenceSpec
 from cmasd.verification.controllers import CONTROLLERS
@@ -47,7 +46,10 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     drafter_kind: ChoiceEnum([AUTO] + list(DRAFTER_KINDS)) = field(
         default=AUTO,
         metadata={"help": "how --drafter-path drafts: spec (the Spec-Drafter, non-autoregressive), autoregressive "
-                  "(a fairseq Transformer, one token per pass), or auto (from the checkpoint's model)"},
+                  "(a fairseq Transformer, one token per pass), specbound (early exits of the verifier's own layers "
+                  "with exit heads; without --drafter-path, the verifier's output head at every layer), blockwise "
+                  "(blockwise parallel decoding's heads on the verifier's last state), or auto (from the "
+                  "checkpoint's model)"},
     )
     spec_controller: ChoiceEnum(list(CONTROLLERS)) = field(
         default="fixed",
@@ -122,6 +124,24 @@ class SpeculativeDecodingConfig(FairseqDataclass):
         metadata={"help": "n > 0: where a row's last n accepted tokens occur in its source sentence, draft the "
                   "source tokens that follow (confidence 1), in front of the model drafter (after history "
                   "drafts); needs a joined dictionary (0: off)"},
+    )
+    specbound_alpha: float = field(
+        default=1.0,
+        metadata={"help": "specbound: ACT's annealing alpha >= 0, temperature T_l = 1 + alpha (1 - l / L) at layer l "
+                  "(0: no annealing)"},
+    )
+    specbound_tau: float = field(
+        default=0.8, metadata={"help": "specbound: a token exits at the first layer where max softmax(z_l / T_l) >= "
+                               "tau, in (0, 1]"}
+    )
+    specbound_d_max: Optional[int] = field(
+        default=None,
+        metadata={"help": "specbound: a token that runs this many layers without exiting ends the draft (the hard "
+                  "token), in 1 .. L - 1 (default: L - 1, no bound below the last layer)"},
+    )
+    specbound_w_max: int = field(
+        default=8, metadata={"help": "specbound: most tokens one draft holds (the fixed controller sends up to "
+                             "--spec-k of them)"}
     )
     spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
         default="auto",
@@ -236,9 +256,9 @@ def drafter_kind(model, requested: str, path: str) -> type:
 
 
 def check_dictionary(model, dictionary) -> None:
-    """Refuse a drafter whose dictionary is not the verifier's: by the digest cmasd's own
-    drafter models keep, by size for any other fairseq model."""
-    if isinstance(model, DrafterOfVerifier):
+    """Refuse a drafter whose dictionary is not the verifier's: by the check cmasd's own
+    drafter models make (``check_dictionary``), by size for any other fairseq model."""
+    if hasattr(model, "check_dictionary"):
         model.check_dictionary(dictionary)
         return
     size = model.decoder.embed_tokens.num_embeddings
@@ -283,7 +303,7 @@ def build_drafter(model, kind: Optional[type], verifier, task, cfg: SpeculativeD
     model drafter (or of nothing, without ``model``)."""
     if horizon == 0:
         return Nothing()
-    drafter: Drafter = Nothing() if model is None else kind.from_model(model, verifier, cfg, kernels, horizon)
+    drafter: Drafter = Nothing() if kind is None else kind.from_model(model, verifier, cfg, kernels, horizon)
     if cfg.spec_source_ngram:
         if task.source_dictionary.symbols != task.target_dictionary.symbols:
             raise ValueError("--spec-source-ngram: the source and target dictionaries differ; source lookups need a "
@@ -313,7 +333,12 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         kind = drafter_kind(drafter_model, cfg.drafter_kind, cfg.drafter_path)
         check_dictionary(drafter_model, tgt_dict)
     elif cfg.drafter_kind != AUTO:
-        raise ValueError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
+        kind = DRAFTER_KINDS[cfg.drafter_kind]
+        if not kind.model_optional:
+            raise ValueError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
+    if kind is not None and sampling is not None and not kind.samples:
+        raise ValueError(f"--drafter-kind {kind.name}: drafts the argmax only, it cannot propose draws for --sampling "
+                         "(leave out --sampling, or choose a drafter that samples)")
     kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
     controller, acceptance, confidence = build_parts(
         cfg, None if kind is None else kind.horizon_limit(drafter_model), sampling is not None

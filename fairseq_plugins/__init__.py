@@ -1,6 +1,7 @@
 """fairseq user-dir of cmasd: ``--user-dir fairseq_plugins`` registers the
-``translation_speculative`` task, the ``spec_drafter`` and ``ar_drafter`` models and
-the ``spec_drafter_loss`` criterion. The algorithms live in the ``cmasd`` package."""
+``translation_speculative`` task; the ``spec_drafter``, ``ar_drafter``, ``exit_heads`` and
+``blockwise_heads`` models; the ``spec_drafter_loss``, ``exit_heads_loss`` and
+``blockwise_heads_loss`` criteria. The algorithms live in the ``cmasd`` package."""
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
 from cmasd.compat import disable_encoder_fast_path

@@ -29,13 +29,16 @@ SPECULATIVE_STATS = [
 QUALITY = ["bleu", "quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]
 
 
+EXITS = {"mean_exit_layer", "layers_skipped"}  # drafts that exit the verifier's layers early (SpecBound) only
+
+
 def not_applicable(row):
     """The columns that are n/a (null) by design for this row's kind."""
     if row["kind"] == "floor":
-        return set(QUALITY + SPECULATIVE_STATS + ["mean_accepted_tokens", "batch_longest_output"])
+        return set(QUALITY + SPECULATIVE_STATS + ["mean_accepted_tokens", "batch_longest_output"]) | EXITS
     if row["kind"] == "fairseq":
-        return set(SPECULATIVE_STATS + ([] if row["config"] == "greedy" else ["mean_accepted_tokens"]))
-    return set()
+        return set(SPECULATIVE_STATS + ([] if row["config"] == "greedy" else ["mean_accepted_tokens"])) | EXITS
+    return set() if row["config"].startswith("specbound") else EXITS
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """The drafter contract (cmasd.drafters.base), in process on tiny models (CPU, seconds).
 
 One contract test runs against every drafter kind (the registered model drafters, the
+self-speculative ones given the verifier's cache and states as the loop gives them, the
 lookups, and a composition): drafts of the requested shape whose offered tokens are real
 ids, row selection and cache growth that change nothing, and a request's outputs given
 exactly when asked. Then the autoregressive draft model's cached drafting against
@@ -10,6 +11,7 @@ of building a drafter from bad options. Lossless decoding with every kind throug
 fairseq-generate is in test_generate.py."""
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,9 +19,12 @@ import torch
 from fairseq.models.transformer import TransformerModel
 from test_drafter import BLOCK, encoded_source, sequences, tiny_drafter, tiny_verifier_args
 
+from cmasd.decoding.cache import BlockScorer
 from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.autoregressive import AutoregressiveDrafter, same_encoder
-from cmasd.drafters.base import STATELESS, Draft, Drafter, DraftRequest, Nothing, Source, Stateless
+from cmasd.drafters.base import STATELESS, Draft, Drafter, DraftRequest, Nothing, Source, Stateless, VerifierView
+from cmasd.drafters.blockwise import BlockwiseDrafter
+from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads
 from cmasd.drafters.compose import Fallback
 from cmasd.drafters.ngram import HistoryNgram, SourceNgram
 from cmasd.drafters.spec_drafter import SpecDrafter
@@ -48,9 +53,14 @@ def setups():
     spec = SpecDrafter(spec_model, "native")
     ar = AutoregressiveDrafter(ar_model, "native", shares_encoder=True)
     pad, eos, bos = dictionary.pad(), dictionary.eos(), dictionary.bos()
+    from test_blockwise import random_heads
+
     return {
         "spec": spec,
         "autoregressive": ar,
+        "specbound": EarlyExitDrafter(VerifierHeads(), len(verifier.decoder.layers), pad, alpha=0.0, tau=0.05, d_max=1,
+                                      w_max=HORIZON),
+        "blockwise": BlockwiseDrafter(random_heads(verifier), pad),
         "history": HistoryNgram(1),
         "source": SourceNgram(1, pad, eos, bos),
         "history+source+autoregressive": Fallback(HistoryNgram(2), Fallback(SourceNgram(1, pad, eos, bos), ar)),
@@ -80,7 +90,21 @@ def source_of(verifier, dictionary, gen, bsz, tokens):
     return Source(src, src_lengths, encoder_out)
 
 
-@pytest.mark.parametrize("name", ["spec", "autoregressive", "history", "source", "history+source+autoregressive"])
+def seen_by(drafter, request, verifier, source, tokens, lengths):
+    """``request`` with what a self-speculative drafter reads (``reads_verifier``): the
+    verifier's cache after the rows' prefixes and its last states, as the loop gives them."""
+    if not drafter.reads_verifier:
+        return request
+    scorer = BlockScorer(verifier.decoder)
+    cache = scorer.start(source.encoder_out, tokens.size(1) + HORIZON + 1)
+    with torch.no_grad():
+        states = scorer.states(cache, tokens, torch.zeros(tokens.size(0), dtype=torch.long))  # (B, T, C)
+    last = states[torch.arange(tokens.size(0)), lengths - 1]  # (B, C): what predicted each row's newest token
+    return replace(request, verifier=VerifierView(scorer, cache, last))
+
+
+@pytest.mark.parametrize("name", ["spec", "autoregressive", "specbound", "blockwise", "history", "source",
+                                  "history+source+autoregressive"])
 def test_drafter_contract(name):
     drafters, verifier, dictionary = setups()
     drafter = drafters[name]
@@ -92,23 +116,28 @@ def test_drafter_contract(name):
     confidence = ConfidenceSpec()
     request = DraftRequest(HORIZON, confidence, logprobs=True)
 
+    def drafted(state, tokens, lengths, source, request):
+        with torch.no_grad():
+            return drafter.draft(state, tokens, lengths, seen_by(drafter, request, verifier, source, tokens, lengths))
+
     state = drafter.start(source, 12)
-    draft, state = drafter.draft(state, tokens, lengths, request)
+    draft, state = drafted(state, tokens, lengths, source, request)
     offered = draft.offered()
     assert draft.tokens.shape == (bsz, HORIZON) and offered.shape == (bsz,)
     assert ((offered >= 0) & (offered <= HORIZON)).all()
+    assert offered.any()  # something to check below
     used = torch.arange(HORIZON)[None, :] < offered[:, None]
     assert ((draft.tokens >= 0) & (draft.tokens < len(dictionary)))[used].all()
     assert not (draft.tokens == dictionary.pad())[used].any()
     assert draft.confidence.shape == (bsz, HORIZON)
     assert ((draft.confidence >= 0) & (draft.confidence <= 1)).all()
-    if draft.logprobs is not None:  # a model drafted: its tokens are its distribution's argmax
+    if draft.logprobs is not None:  # a model drafted: its offered tokens are its distribution's argmax
         assert draft.logprobs.shape == (bsz, HORIZON, len(dictionary))
         served = torch.stack(list(draft.served.values())).any(0) if draft.served else torch.zeros(bsz, dtype=torch.bool)
-        model_rows = ~served
-        assert torch.equal(draft.logprobs.argmax(-1)[model_rows], draft.tokens[model_rows])
-        torch.testing.assert_close(draft.logprobs.exp().sum(-1), torch.ones(bsz, HORIZON))
-    plain, _ = drafter.draft(drafter.start(source, 12), tokens, lengths, DraftRequest(HORIZON))
+        modelled = used & ~served[:, None]
+        assert torch.equal(draft.logprobs.argmax(-1)[modelled], draft.tokens[modelled])
+        torch.testing.assert_close(draft.logprobs.exp().sum(-1)[modelled], torch.ones(int(modelled.sum())))
+    plain, _ = drafted(drafter.start(source, 12), tokens, lengths, source, DraftRequest(HORIZON))
     assert plain.confidence is None and plain.logprobs is None  # given only when asked
     assert torch.equal(plain.tokens[used], draft.tokens[used])
 
@@ -119,8 +148,8 @@ def test_drafter_contract(name):
     state = state.select(keep).grow(capacity)
     kept_source = Source(source.tokens[keep], source.lengths[keep],
                          verifier.encoder.reorder_encoder_out(source.encoder_out, keep))
-    again, _ = drafter.draft(state, tokens[keep], lengths[keep], request)
-    fresh, _ = drafter.draft(drafter.start(kept_source, capacity), tokens[keep], lengths[keep], request)
+    again, _ = drafted(state, tokens[keep], lengths[keep], kept_source, request)
+    fresh, _ = drafted(drafter.start(kept_source, capacity), tokens[keep], lengths[keep], kept_source, request)
     assert torch.equal(again.offered(), fresh.offered())
     used = torch.arange(HORIZON)[None, :] < fresh.offered()[:, None]
     assert torch.equal(again.tokens[used], fresh.tokens[used])

@@ -46,6 +46,23 @@ def models():
     return spec_model, draft_model(verifier, dictionary, seed=8), verifier, dictionary
 
 
+def decodes_as_greedy(decoder, verifier, dictionary, batch_sizes=(1, 7, 16)):
+    """Decode ragged batches of ``batch_sizes`` sentences with ``decoder`` and assert each
+    hypothesis equals fairseq's greedy SequenceGenerator's; yields, per batch, its size,
+    sources, hypotheses and statistics."""
+    reference = SequenceGenerator([verifier], dictionary, beam_size=1, max_len_b=MAX_LEN)
+    gen = torch.Generator().manual_seed(3)
+    for bsz in batch_sizes:
+        src, src_lengths = ragged_source(dictionary, gen, bsz)
+        sample = {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+        with torch.no_grad():
+            expected = reference.generate([verifier], sample)
+            got, stats = decoder.decode(sample)
+        for row in range(bsz):
+            assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (bsz, row)
+        yield bsz, src, got, stats
+
+
 @pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("kind", ["spec", "autoregressive"])
 def test_untrained_drafters_decode_as_fairseq_greedy(kernels, kind):
@@ -57,16 +74,7 @@ def test_untrained_drafters_decode_as_fairseq_greedy(kernels, kind):
     rules = LengthRules(max_len_b=MAX_LEN, max_positions=verifier.max_decoder_positions())
     decoder = SpeculativeGenerator(verifier, drafter, dictionary, Fixed(4, None), Exact(), ConfidenceSpec(), rules,
                                    kernels)
-    reference = SequenceGenerator([verifier], dictionary, beam_size=1, max_len_b=MAX_LEN)
-    gen = torch.Generator().manual_seed(3)
-    for bsz in (1, 7, 16):
-        src, src_lengths = ragged_source(dictionary, gen, bsz)
-        sample = {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
-        with torch.no_grad():
-            expected = reference.generate([verifier], sample)
-            got, stats = decoder.decode(sample)
-        for row in range(bsz):
-            assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (kernels, kind, bsz, row)
+    for bsz, src, got, stats in decodes_as_greedy(decoder, verifier, dictionary):
         lengths = {len(hypos[0]["tokens"]) for hypos in got}
         if bsz == 16:
             assert len(lengths) > 1  # rows finished at different times

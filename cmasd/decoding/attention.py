@@ -23,7 +23,7 @@ Boolean masks are ``True`` where a query may attend to a key, shaped
 """
 
 import math
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -329,6 +329,15 @@ class DecodingLayer(PreparedFeedForward):
         return (split_heads(self.cross_k(encoder_states), self.heads).contiguous(),
                 split_heads(self.cross_v(encoder_states), self.heads).contiguous())
 
+    def self_keys_values(self, x: Tensor) -> Tensor:
+        """The keys and values this layer's self-attention makes of its inputs x (B, T, C):
+        (B, 2H, T, d), the H key heads then the H value heads, as ``__call__`` stores them."""
+        bsz, length, _ = x.shape
+        if self.normalize_before:
+            x = self.self_norm(x)
+        qkv = self.qkv(x).view(bsz, length, 3 * self.heads, self.head_dim).transpose(1, 2)  # (B, 3H, T, d)
+        return qkv[:, self.heads:]
+
     def __call__(
         self,
         index: int,
@@ -387,6 +396,7 @@ class DecodingDecoder:
         self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
         # gemv kernels: the layers also as one C++ call, for passes of at most GEMV_MAX_ROWS rows
         self.fused = fused_layers(self.layers) if kernels == "gemv" else None
+        self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C)."""
@@ -407,10 +417,12 @@ class DecodingDecoder:
         self_bias: Optional[Tensor],
         cross: List[Tuple[Tensor, Tensor]],
         cross_bias: Optional[Tensor],
+        first: int = 0,
+        last: Optional[int] = None,
     ) -> Tensor:
-        """All layers: (B, T, C) -> (B, T, C)."""
-        for index, layer in enumerate(self.layers):
-            x = layer(index, x, self_keys, self_bias, cross[index], cross_bias)
+        """Layers ``first`` .. ``last`` - 1 (default: all): (B, T, C) -> (B, T, C)."""
+        for index in range(first, len(self.layers) if last is None else last):
+            x = self.layers[index](index, x, self_keys, self_bias, cross[index], cross_bias)
         return x
 
     def block_states(
@@ -422,15 +434,19 @@ class DecodingDecoder:
         self_bias: Optional[Tensor],
         cross: List[Tuple[Tensor, Tensor]],
         cross_bias: Optional[Tensor],
+        first: int = 0,
+        last: Optional[int] = None,
     ) -> Tensor:
-        """All layers over a block x (B, T, C) whose new keys and values go into each
-        layer's cache ``kv`` (B, 2H, capacity, d) at ``where`` (B, 2H, T, d) (sequence
-        positions), the queries seeing cache positions < ``used`` through ``self_bias``
-        (B, 1, T, used). In one C++ call where the gemv kernels' fused layers take a block
-        this small, else layer by layer."""
-        if self.fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
-            return self.fused.states(x, kv, where, used, self_bias, [k for k, _ in cross], [v for _, v in cross],
-                                     cross_bias)
+        """Layers ``first`` .. ``last`` - 1 (default: all) over a block x (B, T, C) whose new
+        keys and values go into each layer's cache ``kv`` (B, 2H, capacity, d) at ``where``
+        (B, 2H, T, d) (sequence positions), the queries seeing cache positions < ``used``
+        through ``self_bias`` (B, 1, T, used). All layers in one C++ call where the gemv
+        kernels' fused layers take a block this small, else layer by layer."""
+        last = len(self.layers) if last is None else last
+        fused = self.fused_range(first, last)
+        if fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
+            return fused.states(x, kv[first:last], where, used, self_bias, [k for k, _ in cross[first:last]],
+                                [v for _, v in cross[first:last]], cross_bias)
         heads = self.heads
 
         def self_keys(layer: int, kv_new: Tensor):
@@ -438,7 +454,19 @@ class DecodingDecoder:
             cache.scatter_(2, where, kv_new)
             return cache[:, :heads, :used], cache[:, heads:, :used]  # (B, H, used, d) each
 
-        return self.states(x, self_keys, self_bias, cross, cross_bias)
+        return self.states(x, self_keys, self_bias, cross, cross_bias, first, last)
+
+    def fused_range(self, first: int, last: int):
+        """The C++ call of layers ``first`` .. ``last`` - 1 (a self-speculative drafter runs
+        the lower layers, its verification the upper ones), or None (not gemv kernels, or
+        layers it does not run). Built on first use."""
+        if self.fused is None:
+            return None
+        if (first, last) == (0, len(self.layers)):
+            return self.fused
+        if (first, last) not in self.fused_ranges:
+            self.fused_ranges[first, last] = fused_layers(self.layers[first:last])
+        return self.fused_ranges[first, last]
 
     def logits(self, x: Tensor) -> Tensor:
         """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""

@@ -96,26 +96,68 @@ class BlockScorer:
         cross, cross_bias = dec.cross_keys(states, real)
         return VerifierCache([states.new_zeros(shape) for _ in dec.layers], cross, cross_bias)
 
-    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor) -> Tensor:
+    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, resume: Optional["Resume"] = None) -> Tensor:
         """Logits of the next token after each of ``tokens`` (B, n) placed at
         positions ``start`` (B,) onwards; writes their keys/values into ``cache``.
+        With ``resume``, the block's states after its lowest ``resume.layers`` layers are
+        given (their keys and values already in ``cache``): only the layers above run.
 
         Returns (B, n, V). Rows may use fewer than n tokens: the surplus scores are
         garbage the caller ignores, and the cache entries they write lie past the
         row's length (overwritten later). The cache must hold ``start + n``
         positions for every row, padded ones included.
         """
-        bsz, n = tokens.shape
-        dec = self.decoder
-        offsets = torch.arange(n, device=tokens.device)
-        index = start[:, None] + offsets[None, :]  # (B, n) sequence positions
-        x = dec.embed(tokens, (index + self.padding_idx + 1).clamp(max=self.last_position))  # (B, n, C)
+        return self.decoder.logits(self.states(cache, tokens, start, resume))  # (B, n, V)
 
+    def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, resume: Optional["Resume"] = None) -> Tensor:
+        """``score``'s decoder states after the last layer, before the output head: (B, n, C)."""
+        if resume is None:
+            x, first = self.embed(tokens, start), 0
+        else:
+            x, first = resume.states[:, : tokens.size(1)], resume.layers
+        return self.run(cache, x, start, first)
+
+    def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
+        """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""
+        index = start[:, None] + torch.arange(tokens.size(1), device=tokens.device)[None, :]  # (B, n)
+        return self.decoder.embed(tokens, (index + self.padding_idx + 1).clamp(max=self.last_position))
+
+    def run(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int = 0, last: Optional[int] = None) -> Tensor:
+        """Decoder layers ``first`` .. ``last`` - 1 (default: all) over the states x (B, n, C)
+        of a block at positions ``start`` (B,) onwards, attending to each row's cached
+        prefix and causally within the block; writes the block's keys/values of those
+        layers into ``cache``. Returns the states after layer ``last`` - 1: (B, n, C)."""
+        bsz, n = x.shape[:2]
+        dec = self.decoder
+        index = start[:, None] + torch.arange(n, device=x.device)[None, :]  # (B, n) sequence positions
         used = int(index.max()) + 1
         if used > cache.capacity:
             raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.capacity} (grow it)")
-        key_pos = torch.arange(used, device=tokens.device)
+        key_pos = torch.arange(used, device=x.device)
         bias = additive_mask((key_pos[None, None, :] <= index[:, :, None])[:, None], x)  # (B, 1, n, used)
         where = index[:, None, :, None].expand(bsz, 2 * dec.heads, n, dec.head_dim)  # (B, 2H, n, d)
-        states = dec.block_states(x, cache.kv, where, used, bias, cache.cross, cache.cross_bias)  # (B, n, C)
-        return dec.logits(states)  # (B, n, V)
+        return dec.block_states(x, cache.kv, where, used, bias, cache.cross, cache.cross_bias, first, last)
+
+    def carry_up(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int, last: int) -> None:
+        """Keys and values for layers ``first`` .. ``last`` - 1 made of the states x (B, n, C)
+        of the tokens at positions ``start`` (B,) onwards, as if those layers passed them on
+        unchanged (CALM's state propagation), written into ``cache``. Approximate by design:
+        for a drafter whose tokens leave the decoder early, so that later tokens running
+        deeper see something of them; verification overwrites them."""
+        dec = self.decoder
+        bsz, n = x.shape[:2]
+        index = start[:, None] + torch.arange(n, device=x.device)[None, :]  # (B, n)
+        where = index[:, None, :, None].expand(bsz, 2 * dec.heads, n, dec.head_dim)  # (B, 2H, n, d)
+        for layer in range(first, last):
+            cache.kv[layer].scatter_(2, where, dec.layers[layer].self_keys_values(x))
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A block's verifier states after its lowest ``layers`` decoder layers, computed
+    by a drafter that drafts with those layers of the verifier itself (writing their
+    keys and values into the verifier's cache as it goes): verifying the block runs
+    only the layers above (``BlockScorer.score``)."""
+
+    layers: int
+    states: Tensor  # (B, n, C): the block's states after layer ``layers`` - 1

@@ -22,16 +22,16 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from cmasd.decoding.attention import encoder_of
-from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.decoding.cache import BlockScorer, Resume, VerifierCache
 from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.stats import DecodeStats
-from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, empty_draft
+from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, VerifierView, empty_draft
 from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
 from cmasd.verification.sampling import RowRandom, Sampling
 
@@ -53,6 +53,9 @@ class DecodeState:
     controller: RowState  # the controller's per-row state (``select``)
     shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``bounded``
     longest: int = 1
+    # for a drafter that reads the verifier: the verifier's last decoder states (B, C) at the
+    # position that predicted each row's newest token (None before the first verification)
+    last_states: Optional[Tensor] = None
 
     def select(self, keep: Tensor) -> "DecodeState":
         return replace(
@@ -66,6 +69,7 @@ class DecodeState:
             verifier=self.verifier.select(keep),
             drafter=self.drafter.select(keep),
             controller=self.controller.select(keep),
+            last_states=None if self.last_states is None else self.last_states[keep],
         )
 
     def bounded(self) -> "DecodeState":
@@ -236,7 +240,9 @@ class SpeculativeGenerator:
         random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
         budget = self.controller.budget(state.controller)  # (B,) or None
         horizon = self.horizon if budget is None else int(budget.max())
-        request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None)
+        request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None,
+                          verifier=(VerifierView(self.scorer, state.verifier, state.last_states)
+                                    if self.drafter.reads_verifier else None))
         if horizon:
             draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         else:  # no row may send anything: the drafter catches up on its next call
@@ -258,15 +264,19 @@ class SpeculativeGenerator:
         )
         t1 = now(state.tokens)
 
-        lprobs = self.verify(state, proposal, max_len)  # (B, W + 1, V)
+        lprobs, states = self.verify(state, proposal, max_len, draft.resume)  # (B, W + 1, V), (B, W + 1, C)
         t2 = now(state.tokens)
         verdict = self.acceptance.accept(proposal, lprobs)
         accepted = verdict.accepted  # (B,)
         controller_state = self.controller.observe(state.controller, k, accepted)
+        if self.drafter.reads_verifier:  # the states that predicted each row's newest token
+            state = replace(state, last_states=states[torch.arange(states.size(0), device=states.device), accepted])
         state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
         stats.observe(k, accepted, gained, block_confidence, draft.served, verdict.pardoned)
+        if draft.exits is not None:
+            stats.observe_exits(*draft.exits, draft.offered())
         t3 = now(state.tokens)
 
         stats.draft_seconds += t1 - t0
@@ -274,16 +284,20 @@ class SpeculativeGenerator:
         stats.bookkeeping_seconds += t3 - t2
         return replace(state, drafter=drafter_state, controller=controller_state), done
 
-    def verify(self, state: DecodeState, proposal: Proposal, max_len: int) -> Tensor:
+    def verify(self, state: DecodeState, proposal: Proposal, max_len: int,
+               resume: Optional[Resume] = None) -> Tuple[Tensor, Tensor]:
         """Verifier log-probabilities after the last accepted token and each draft:
         (B, width + 1, V), with fairseq's generation rules applied per position (and with
-        sampling, its top-k / top-p truncation: the log weights fairseq samples from)."""
+        sampling, its top-k / top-p truncation: the log weights fairseq samples from), and
+        the decoder states they came from (B, width + 1, C). ``resume``: the block's lower
+        layers, run already by a self-speculative drafter."""
         bsz, width = proposal.tokens.shape
         last = state.tokens.gather(1, (state.lengths - 1)[:, None])  # (B, 1)
         offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
-        logits = self.scorer.score(state.verifier, block, state.lengths - 1)  # (B, width + 1, V)
+        states = self.scorer.states(state.verifier, block, state.lengths - 1, resume)  # (B, width + 1, C)
+        logits = self.scorer.decoder.logits(states)  # (B, width + 1, V)
         if self.rules.temperature != 1.0:
             logits = logits.float() / self.rules.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)
@@ -306,7 +320,7 @@ class SpeculativeGenerator:
             lprobs = ban_repeated_ngrams(lprobs, state.tokens, state.lengths, drafts, self.rules.no_repeat_ngram_size)
         if self.sampling is not None:
             lprobs = self.sampling.truncate(lprobs)
-        return lprobs
+        return lprobs, states
 
     def append(self, state: DecodeState, proposal: Proposal, lprobs: Tensor, accepted: Tensor, next_token: Tensor):
         """Append accepted drafts and the verifier's token; a row ends at its first eos."""

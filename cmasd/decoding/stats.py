@@ -34,6 +34,9 @@ class DecodeStats:
     draft_seconds: float = 0.0  # drafter pass, confidence, controller
     verify_seconds: float = 0.0  # verifier pass over the block, fairseq's length/score rules
     bookkeeping_seconds: float = 0.0  # acceptance, appending, these statistics, dropping rows, growing caches
+    exit_layer_sum: int = 0  # self-speculative drafts: the layers their drafted tokens exited at, summed
+    exited_tokens: int = 0  # ... over this many drafted tokens
+    decoder_layers: int = 0  # ... of a verifier with this many decoder layers
     k_histogram: Counter = field(default_factory=Counter)
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
@@ -76,6 +79,15 @@ class DecodeStats:
             self.position_sent[i] += sent[i]
             self.position_accepted[i] += kept[i]
 
+    def observe_exits(self, layers: Tensor, depth: int, drafted: Tensor) -> None:
+        """The exit layers (B, H) of a self-speculative draft, of a verifier ``depth``
+        decoder layers deep, for the first ``drafted`` (B,) tokens of each row."""
+        valid = torch.arange(layers.size(1), device=layers.device)[None, :] < drafted[:, None]  # (B, H)
+        total, count = torch.stack([layers[valid].sum(), valid.sum()]).tolist()
+        self.exit_layer_sum += total
+        self.exited_tokens += count
+        self.decoder_layers = depth
+
     def add(self, other: "DecodeStats") -> None:
         """Add ``other``'s counts and times to these (the statistics of a run of calls)."""
         for f in fields(self):
@@ -84,6 +96,8 @@ class DecodeStats:
                 longer = max(len(mine), len(theirs))
                 setattr(self, f.name, [a + b for a, b in zip(mine + [0] * (longer - len(mine)),
                                                               theirs + [0] * (longer - len(theirs)))])
+            elif f.name == "decoder_layers":
+                setattr(self, f.name, max(mine, theirs))
             else:
                 setattr(self, f.name, mine + theirs)
 
@@ -102,6 +116,9 @@ class DecodeStats:
             "rollback_rate": self.rollbacks / its,
             "mean_k": self.drafted / its,
             "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
+            "mean_exit_layer": self.exit_layer_sum / self.exited_tokens if self.exited_tokens else None,
+            "layers_skipped": (1.0 - self.exit_layer_sum / (self.exited_tokens * self.decoder_layers)
+                               if self.exited_tokens else None),
             **{f"{name}_draft_rate": self.lookup_rows[name] / its for name in sorted({*LOOKUPS, *self.lookup_rows})},
             "draft_ms_per_iteration": 1000.0 * self.draft_seconds / batch_its,
             "verify_ms_per_iteration": 1000.0 * self.verify_seconds / batch_its,
@@ -120,13 +137,16 @@ class DecodeStats:
             f"drafted from {name} {100 * s[f'{name}_draft_rate']:.1f}% of iterations"
             for name in sorted({*LOOKUPS, *self.lookup_rows})
         )
+        exits = ("" if s["mean_exit_layer"] is None else
+                 f"drafts exited at layer {s['mean_exit_layer']:.2f} of {self.decoder_layers} on average "
+                 f"({100 * s['layers_skipped']:.1f}% of layers skipped while drafting), ")
         return (
             f"speculative decoding: {s['sentences']} sentences, {s['tokens']} tokens, "
             f"{s['iterations']} row-iterations ({s['verifier_passes']} verifier passes), "
             f"mean accepted tokens/iteration {s['mean_accepted_tokens']:.3f}, "
             f"draft acceptance {100 * s['acceptance_rate']:.1f}% (pardoned {100 * s['pardon_rate']:.1f}%), "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
-            f"mean confidence {mean_confidence}, {lookups}, "
+            f"mean confidence {mean_confidence}, {lookups}, {exits}"
             f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
             f"{s['verify_ms_per_iteration']:.2f} ms + bookkeeping "
             f"{s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, "

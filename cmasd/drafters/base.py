@@ -31,6 +31,15 @@ statistics.
 Drafters compose (``cmasd.drafters.compose.Fallback``): a lookup in front of a model
 drafter serves the rows it can, the model the others, and the model does not run in an
 iteration where the lookup serves every row.
+
+A self-speculative drafter drafts with the verifier itself (``reads_verifier``): its
+request carries the verifier's scorer, cache and last-layer states (``request.verifier``).
+One that runs the verifier's lower layers over the block it drafts (SpecBound) writes their
+keys and values into that cache as it goes and returns the block's states after the layers
+it ran for all of it (``Draft.resume``), so that verifying the block runs only the layers
+above; exactness is its to keep: the states and the cached keys and values of the layers
+below ``resume.layers`` must be those a full pass over the block would compute. One that
+drafts from the verifier's last states (blockwise heads) reads ``last_states``.
 """
 
 import abc
@@ -40,6 +49,7 @@ from typing import Callable, Dict, Mapping, Optional, Protocol, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.decoding.cache import BlockScorer, Resume, VerifierCache
 from cmasd.verification.sampling import DRAFT, RowRandom, Sampling, draw
 
 
@@ -67,6 +77,7 @@ class DraftRequest:
     # controller ends each row's draft after that token (``Controller.stop_below``), so the
     # steps after it would be wasted. It then marks the positions it did not draft invalid.
     stop_below: Optional[float] = None
+    verifier: Optional["VerifierView"] = None  # for a drafter that ``reads_verifier``; else None
 
     def uniforms(self) -> Optional[Tensor]:
         """The uniforms of the draws of this draft, (B, horizon); None without sampling."""
@@ -82,12 +93,31 @@ class Draft:
     logprobs: Optional[Tensor] = None  # (B, H, V) the distribution each token was chosen from
     confidence: Optional[Tensor] = None  # (B, H) drafter confidence in [0, 1]
     served: Mapping[str, Tensor] = field(default_factory=dict)  # lookup name -> (B,) bool: rows it drafted
+    # a self-speculative drafter's block (the last accepted token, then the drafts) after the
+    # verifier layers it ran for all of it: (B, H + 1, C) states; None: verify from the embedding
+    resume: Optional[Resume] = None
+    # a self-speculative drafter's exits: the verifier layer (1 .. L) each drafted token left
+    # the decoder at, (B, H), and L; None for other drafters
+    exits: Optional[Tuple[Tensor, int]] = None
 
     def offered(self) -> Tensor:
         """``valid`` as a tensor: (B,)."""
         if self.valid is not None:
             return self.valid
         return torch.full(self.tokens.shape[:1], self.tokens.size(1), dtype=torch.long, device=self.tokens.device)
+
+
+@dataclass(frozen=True)
+class VerifierView:
+    """What a self-speculative drafter reads of the verifier each iteration: its block
+    scorer (the prepared decoder: embeddings, layers, output head), the active rows'
+    cache, into which the drafter may run the lower layers of the block it drafts, and the
+    verifier's last-layer states (B, C) that predicted each row's newest token in the last
+    verification (None in a batch's first iteration)."""
+
+    scorer: BlockScorer
+    cache: VerifierCache
+    last_states: Optional[Tensor] = None
 
 
 class DrafterState(Protocol):
@@ -120,6 +150,7 @@ class Drafter(abc.ABC):
 
     name: str = "drafter"  # in the statistics and in messages
     max_horizon: Optional[int] = None  # most tokens one draft holds; None: no limit
+    reads_verifier: bool = False  # drafts with the verifier's own layers (``request.verifier``)
 
     @abc.abstractmethod
     def start(self, source: Source, capacity: int) -> DrafterState:
@@ -136,6 +167,8 @@ class ModelDrafter(Drafter):
     by name in ``cmasd.drafters.DRAFTER_KINDS`` (``--drafter-kind``)."""
 
     model_class: type  # the fairseq model class it drafts with; ``--drafter-kind auto`` matches on it
+    model_optional: bool = False  # True: ``--drafter-kind NAME`` drafts without ``--drafter-path`` too (model None)
+    samples: bool = True  # False: proposes argmax tokens only; refused with --sampling when the generator is built
 
     @staticmethod
     @abc.abstractmethod

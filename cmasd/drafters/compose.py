@@ -52,6 +52,7 @@ class Fallback(Drafter):
         self.name = f"{first.name}+{second.name}"
         limits = [d.max_horizon for d in (first, second) if d.max_horizon is not None]
         self.max_horizon = min(limits) if limits else None
+        self.reads_verifier = first.reads_verifier or second.reads_verifier
 
     def start(self, source: Source, capacity: int) -> FallbackState:
         return FallbackState(self.first.start(source, capacity), self.second.start(source, capacity))
@@ -72,5 +73,8 @@ class Fallback(Drafter):
             logprobs=logprobs,
             confidence=merged(keep, a.confidence, b.confidence),
             served={**{name: rows & ~keep for name, rows in b.served.items()}, **a.served},
+            # a self-speculative drafter's lower layers hold its own drafts: of no use for
+            # a block in which some row verifies another drafter's
+            resume=b.resume if not bool(keep.any()) else None,
         )
         return draft, FallbackState(first_state, second_state)

@@ -3,6 +3,8 @@
 from typing import Dict
 
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
+from cmasd.drafters.blockwise import BlockwiseDrafter
+from cmasd.drafters.early_exit import EarlyExitDrafter
 from cmasd.drafters.spec_drafter import SpecDrafter
 
 # --drafter-kind: name -> drafter class; each declares the fairseq model class it drafts
@@ -11,4 +13,6 @@ from cmasd.drafters.spec_drafter import SpecDrafter
 DRAFTER_KINDS: Dict[str, type] = {
     SpecDrafter.name: SpecDrafter,
     AutoregressiveDrafter.name: AutoregressiveDrafter,
+    EarlyExitDrafter.name: EarlyExitDrafter,
+    BlockwiseDrafter.name: BlockwiseDrafter,
 }

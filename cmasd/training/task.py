@@ -34,6 +34,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from cmasd.compat import fix_ngram_blocker
+from cmasd.models.heads import HeadsOfVerifier
 from cmasd.models.verifier import DrafterOfVerifier
 from cmasd.options import (
     SpeculativeDecodingConfig,
@@ -135,6 +136,9 @@ class TranslationSpeculativeTask(TranslationTask):
         model = super().build_model(cfg, from_checkpoint)
         if isinstance(model, DrafterOfVerifier) and not cfg.verifier_arch:
             cfg.verifier_arch = model.drafter_cfg.verifier_arch
+        if isinstance(model, HeadsOfVerifier) and not cfg.verifier_fingerprint:  # likewise the heads'
+            cfg.verifier_fingerprint = model.cfg.verifier_fingerprint
+            cfg.verifier_shape = model.cfg.verifier_shape
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):

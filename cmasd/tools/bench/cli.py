@@ -94,6 +94,10 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
                         "with it: most speculative ones)")
     parser.add_argument("--ar-drafter-path", help="autoregressive draft model checkpoint (a fairseq Transformer with "
                         "the verifier's dictionary; needed by the ar-* configurations)")
+    parser.add_argument("--exit-heads-path", help="SpecBound's exit heads for the verifier "
+                        "(data-prep/train-exit-heads.sh; needed by the specbound configurations)")
+    parser.add_argument("--blockwise-heads-path", help="blockwise parallel decoding's heads for the verifier "
+                        "(data-prep/train-blockwise-heads.sh; needed by the blockwise configurations)")
     parser.add_argument("--gen-subset", default=gen_subset, help=f"split to decode (default: {gen_subset})")
     parser.add_argument("--source-lang", help="default: the verifier checkpoint's")
     parser.add_argument("--target-lang", help="default: the verifier checkpoint's")

@@ -13,8 +13,10 @@ BEAM_REFERENCES = (BEAM5, BEAM4)  # each that runs gets its speed-up column
 CTRANSLATE2 = "ctranslate2"
 
 # The drafter a speculative configuration drafts with, and the command-line option that
-# gives its checkpoint: the Spec-Drafter, or an autoregressive draft model.
-DRAFTER_OPTIONS = {"spec": "--drafter-path", "ar": "--ar-drafter-path"}
+# gives its checkpoint: the Spec-Drafter, an autoregressive draft model, SpecBound's exit
+# heads, blockwise parallel decoding's heads.
+DRAFTER_OPTIONS = {"spec": "--drafter-path", "ar": "--ar-drafter-path", "exit": "--exit-heads-path",
+                   "blockwise": "--blockwise-heads-path"}
 NO_DRAFTER = "none"  # lookups alone, or nothing drafted (loop-greedy)
 
 
@@ -71,6 +73,14 @@ SOURCE = {"spec_source_ngram": 2}
 AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 # Lookups with no model drafter behind them: rows without a match send nothing.
 LOOKUPS_ALONE = {"spec_controller": "fixed", "spec_k": 8}
+# SpecBound (seed 002): early exits from the verifier's own layers, lossless. The bounds are
+# the best of a grid on Multi30k valid for the compact verifier and its adapter exit heads
+# (docs/RESULTS.md): no annealing, exits at layer 1 only; an ad-hoc configuration
+# (NAME:base=specbound;specbound_alpha=...) tries others.
+SPECBOUND = {"drafter_kind": "specbound", "spec_controller": "fixed", "spec_k": 8, "specbound_w_max": 8,
+             "specbound_alpha": 0.0, "specbound_tau": 0.4, "specbound_d_max": 1, **EXACT}
+# Blockwise parallel decoding (Stern et al., 2018): heads 2 .. k of the verifier's last state.
+BLOCKWISE = {"drafter_kind": "blockwise", "spec_controller": "fixed", **EXACT}
 # With --sampling: speculative sampling (exact in distribution), lenience 0.5, EARS beta 0.1.
 REJECTION = {"spec_acceptance": "rejection"}
 LENIENT = {"spec_acceptance": "rejection", "spec_lenience": 0.5}
@@ -177,6 +187,20 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, SOURCE, EXACT, drafter=NO_DRAFTER),
         speculative("cmasd-exact", "CM-ASD's adaptive k, exact acceptance (lossless)", ADAPTIVE_K, EXACT),
+        speculative("specbound", "SpecBound: early exits of the verifier's layers with trained exit heads, "
+                    "alpha 0, tau 0.4, d_max 1, w_max 8 (lossless)", SPECBOUND, drafter="exit"),
+        speculative("specbound-no-act", "specbound without ACT (alpha 0: every layer at temperature 1; the same "
+                    "as specbound while its tuned alpha is 0)", SPECBOUND, {"specbound_alpha": 0.0}, drafter="exit"),
+        speculative("specbound-no-dmax", "specbound without d_max (a token that does not exit runs L - 1 layers)",
+                    SPECBOUND, {"specbound_d_max": None}, drafter="exit"),
+        speculative("specbound-no-wmax", "specbound without w_max (up to 32 drafts)", SPECBOUND,
+                    {"specbound_w_max": 32, "spec_k": 32}, drafter="exit"),
+        speculative("specbound-untrained", "specbound with the verifier's own output head at every layer (no "
+                    "trained heads)", SPECBOUND, drafter=NO_DRAFTER),
+        speculative("blockwise-k10", "blockwise parallel decoding, k=10: heads 2..10 of the verifier's last state, "
+                    "exact match (lossless)", BLOCKWISE, {"spec_k": 9}, drafter="blockwise"),
+        speculative("blockwise-k25", "blockwise parallel decoding, k=25: heads 2..25 (lossless)", BLOCKWISE,
+                    {"spec_k": 24}, drafter="blockwise"),
         speculative("loop-sample", "cmasd's loop with nothing drafted: the verifier alone, sampling (--sampling)",
                     {"spec_k": 0}, REJECTION, drafter=NO_DRAFTER),
         *sampling_configs("spec-sample-k4", "Spec-Drafter, fixed k=4 and a 4-slot block", FIXED_K10,
@@ -232,7 +256,7 @@ def distinct_positive_ints(option: str, text: str) -> List[int]:
 
 def spec_fields() -> Dict[str, Any]:
     """The settable ``SpeculativeDecodingConfig`` fields and their types
-    (``drafter_path`` comes from ``--drafter-path`` or ``--ar-drafter-path``)."""
+    (``drafter_path`` comes from the option of the configuration's drafter, ``DRAFTER_OPTIONS``)."""
     from cmasd.options import SpeculativeDecodingConfig
 
     return {f.name: f.type for f in fields(SpeculativeDecodingConfig) if f.name not in ("_name", "drafter_path")}

@@ -86,7 +86,8 @@ def choose_device(args) -> torch.device:
 
 def drafter_paths(args) -> Dict[str, str]:
     """Role -> checkpoint of the drafters given on the command line."""
-    given = {"spec": args.drafter_path, "ar": args.ar_drafter_path}
+    given = {"spec": args.drafter_path, "ar": args.ar_drafter_path, "exit": args.exit_heads_path,
+             "blockwise": args.blockwise_heads_path}
     return {role: path for role, path in given.items() if path is not None}
 
 

@@ -39,6 +39,9 @@ COLUMNS: Dict[str, str] = {
     "acceptance_rate": "fraction of the drafted tokens sent that were accepted (speculative only)",
     "pardon_rate": "fraction of the drafted tokens sent that only EARS's tolerance accepted (speculative only)",
     "mean_k": "drafted tokens sent per row-iteration (speculative only)",
+    "mean_exit_layer": "mean decoder layer a self-speculative draft token exited at (SpecBound only)",
+    "layers_skipped": "1 - mean exit layer / decoder layers: the share of layers a draft token skipped while "
+    "drafting (SpecBound only; verification runs them)",
     "draft_ms_per_iteration": "drafting time per batched iteration, ms (speculative only)",
     "verify_ms_per_iteration": "verifier pass and fairseq's length/score rules per batched iteration, ms "
     "(speculative only)",
@@ -62,8 +65,8 @@ COLUMNS: Dict[str, str] = {
     "batch_longest_output": "tokens of the longest output of each batch, eos included (n/a for the floor)",
 }
 SPECULATIVE_STATS = [
-    "mean_accepted_tokens", "rollback_rate", "acceptance_rate", "pardon_rate", "mean_k", "draft_ms_per_iteration", "verify_ms_per_iteration",
-    "bookkeeping_ms_per_iteration",
+    "mean_accepted_tokens", "rollback_rate", "acceptance_rate", "pardon_rate", "mean_k", "mean_exit_layer",
+    "layers_skipped", "draft_ms_per_iteration", "verify_ms_per_iteration", "bookkeeping_ms_per_iteration",
 ]
 
 
@@ -199,6 +202,8 @@ TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
     ("acceptance_rate", "accept %", "%"),
     ("pardon_rate", "pardon %", "%"),
     ("mean_k", "mean k", ".2f"),
+    ("mean_exit_layer", "exit layer", ".2f"),
+    ("layers_skipped", "layers skipped %", "%"),
     ("draft_ms_per_iteration", "draft ms/iter", ".2f"),
     ("verify_ms_per_iteration", "verify ms/iter", ".2f"),
     ("bookkeeping_ms_per_iteration", "bookkeeping ms/iter", ".2f"),
@@ -229,8 +234,10 @@ def cell(row: Dict[str, Any], column: str, fmt: str) -> str:
 
 
 def markdown_table(rows: Sequence[Dict[str, Any]], metric: str) -> str:
-    """The rows as a markdown table; a speed-up over a beam search that did not run is left out."""
+    """The rows as a markdown table; a speed-up over a beam search that did not run, and the
+    exit columns where no row exits early, are left out."""
     absent = {f"speedup_vs_{ref}" for ref in BEAM_REFERENCES if all(r.get(f"speedup_vs_{ref}") is None for r in rows)}
+    absent |= {c for c in ("mean_exit_layer", "layers_skipped") if all(r.get(c) is None for r in rows)}
     shown = [(c, h, f) for c, h, f in TABLE if c in columns(metric) and c not in absent]
     lines = ["| " + " | ".join(h for _, h, _ in shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(cell(r, c, f) for c, _, f in shown) + " |" for r in rows]
@@ -319,6 +326,8 @@ def environment(args, setup: Setup) -> Dict[str, Any]:
         "verifier": os.path.abspath(args.path),
         "drafter": os.path.abspath(args.drafter_path) if args.drafter_path else None,
         "ar_drafter": os.path.abspath(args.ar_drafter_path) if args.ar_drafter_path else None,
+        "exit_heads": os.path.abspath(args.exit_heads_path) if args.exit_heads_path else None,
+        "blockwise_heads": os.path.abspath(args.blockwise_heads_path) if args.blockwise_heads_path else None,
         "sentences": setup.size,
         "split_sentences": setup.split_size,
         "fp16": args.fp16,

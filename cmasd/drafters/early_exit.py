@@ -1,0 +1,184 @@
+"""SpecBound (seed 002): self-speculative drafts from early exits of the verifier's own
+decoder layers, with the annealed confidence threshold (ACT) and bounded drafts (BSCS).
+
+Each iteration a row feeds its last accepted token through the verifier's decoder layer by
+layer. After layer l (1 .. d_max) an exit head turns the state into logits z_l, and the
+token exits when max softmax(z_l / T_l) >= tau, with T_l = 1 + alpha (1 - l / L): the head's
+argmax is the next draft, fed next. A row stops drafting when a token runs d_max layers
+without exiting (the hard token) or once it has drafted w_max tokens. The tokens it fed (the
+last accepted one, then its drafts) then run the layers above in one pass, the verification
+(``Draft.resume``), whose predictions accept the drafts exactly.
+
+Batched, the rows feed their j-th token together, one layer at a time, each layer for every
+row: a token runs the layers of the row that needs the most (rows that exited earlier keep
+their exit token; the extra layers' outputs are exact, just unused), and a row that stopped
+feeds padding, ignored. A token's keys and values of layer l are exact when every token fed
+before it in the block ran layer l, so the block resumes verification above the fewest
+layers any of its tokens ran: below, the cache holds what a full pass would. Where a token
+runs deeper than one before it, the earlier token's deeper keys and values are carried up
+from its last state (CALM's propagation): approximate, seen only by drafting, overwritten
+by the verification.
+"""
+
+import abc
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from cmasd.decoding.cache import Resume
+from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
+from cmasd.models.exit_heads import ExitHeadsModel
+
+
+class ExitHeads(abc.ABC):
+    """Logits of the next token from the verifier's decoder state after ``layer`` layers."""
+
+    @abc.abstractmethod
+    def logits(self, decoder, layer: int, states: Tensor) -> Tensor:
+        """``decoder``: the verifier's prepared decoder (``cmasd.decoding.attention.
+        DecodingDecoder``); ``states`` (..., C) after ``layer`` layers -> logits (..., V)."""
+
+
+class VerifierHeads(ExitHeads):
+    """Untrained exit heads: the verifier's own final layer norm and output projection
+    applied to every layer's state (what a trained head starts from)."""
+
+    def logits(self, decoder, layer: int, states: Tensor) -> Tensor:
+        return decoder.logits(states)
+
+
+class TrainedHeads(ExitHeads):
+    """Exit heads trained with ``fairseq-train --arch exit_heads`` (``cmasd.models.exit_heads``):
+    each layer's norm (and adapter) of ``model``, then the verifier's prepared output projection."""
+
+    def __init__(self, model: ExitHeadsModel):
+        self.model = model.eval()
+
+    def logits(self, decoder, layer: int, states: Tensor) -> Tensor:
+        x = self.model.head_states(layer, states)
+        if decoder.project_out is not None:
+            x = decoder.project_out(x)
+        return decoder.output(x)
+
+
+def annealed_temperatures(alpha: float, layers: int) -> List[float]:
+    """ACT's T_l = 1 + alpha (1 - l / L) for l = 1 .. L (index l - 1)."""
+    return [1.0 + alpha * (1.0 - layer / layers) for layer in range(1, layers + 1)]
+
+
+def check_bounds(layers: int, alpha: float, tau: float, d_max: int, w_max: int) -> None:
+    """One clear message for a SpecBound option out of range."""
+    if alpha < 0:
+        raise ValueError(f"--specbound-alpha: must be >= 0 (0: no annealing), got {alpha}")
+    if not 0 < tau <= 1:
+        raise ValueError(f"--specbound-tau: must lie in (0, 1], got {tau}")
+    if not 1 <= d_max <= layers - 1:
+        raise ValueError(f"--specbound-d-max: must lie in 1 .. {layers - 1} (the verifier has {layers} decoder "
+                         f"layers), got {d_max}")
+    if w_max < 1:
+        raise ValueError(f"--specbound-w-max: must be >= 1, got {w_max}")
+
+
+class EarlyExitDrafter(ModelDrafter):
+    """SpecBound's drafter (see the module's docstring): drafts with the verifier's lower
+    layers and ``heads``, at most ``w_max`` tokens, each through at most ``d_max`` layers.
+    ``--drafter-kind specbound`` with trained heads (``--drafter-path``), or without them
+    the verifier's own output head at every layer."""
+
+    name = "specbound"
+    reads_verifier = True
+    model_class = ExitHeadsModel
+    model_optional = True  # no --drafter-path: untrained heads (``VerifierHeads``)
+    samples = False  # exits on a confident argmax
+
+    @staticmethod
+    def horizon_limit(model) -> Optional[int]:
+        return None  # --specbound-w-max bounds the drafts
+
+    @classmethod
+    def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "EarlyExitDrafter":
+        layers = len(verifier.decoder.layers)
+        if model is None:
+            heads: ExitHeads = VerifierHeads()
+        else:
+            model.check_verifier(verifier, f"--drafter-path {cfg.drafter_path}")
+            heads = TrainedHeads(model)
+        d_max = cfg.specbound_d_max if cfg.specbound_d_max is not None else layers - 1
+        return cls(heads, layers, verifier.decoder.padding_idx, cfg.specbound_alpha, cfg.specbound_tau, d_max,
+                   cfg.specbound_w_max)
+
+    def __init__(self, heads: ExitHeads, layers: int, pad: int, alpha: float, tau: float, d_max: int, w_max: int):
+        check_bounds(layers, alpha, tau, d_max, w_max)
+        self.heads = heads
+        self.layers = layers
+        self.pad = pad
+        self.tau = tau
+        self.d_max = d_max
+        self.max_horizon = w_max
+        self.temperatures = annealed_temperatures(alpha, layers)
+
+    def start(self, source: Source, capacity: int) -> Stateless:
+        return STATELESS  # everything it keeps is in the verifier's cache
+
+    def draft(self, state: Stateless, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Stateless]:
+        if request.verifier is None:
+            raise ValueError("SpecBound drafts with the verifier's layers: the loop must pass request.verifier")
+        scorer, cache = request.verifier.scorer, request.verifier.cache
+        decoder = scorer.decoder
+        bsz, device = tokens.size(0), tokens.device
+        width = min(request.horizon, self.max_horizon)
+        start = lengths - 1  # (B,) position of the last accepted token
+        feed = tokens.gather(1, start[:, None])  # (B, 1)
+        feeding = torch.ones(bsz, dtype=torch.bool, device=device)
+        drafts = tokens.new_full((bsz, width), self.pad)
+        drafted = torch.zeros(bsz, dtype=torch.long, device=device)
+        confidence = torch.zeros(bsz, width, device=device) if request.confidence is not None else None
+        exits = torch.zeros(bsz, width, dtype=torch.long, device=device)  # the layer each draft exited at
+        logprobs = None
+        block: List[List[Tensor]] = []  # per fed token, its states after 0, 1, ... layers: (B, 1, C) each
+        depths: List[int] = []
+        for j in range(width + 1):
+            position = start + j  # (B,)
+            x = scorer.embed(feed, position)  # (B, 1, C)
+            after = [x]
+            wants = feeding & (j < width)  # (B,) rows that draft a token from this one
+            drafting = bool(wants.any())
+            limit = self.d_max if drafting else min(depths)  # the last token: only the layers all ran
+            exited = torch.zeros(bsz, dtype=torch.bool, device=device)
+            choice = torch.full((bsz,), self.pad, dtype=torch.long, device=device)
+            ran = 0
+            while ran < limit:
+                x = scorer.run(cache, x, position, ran, ran + 1)  # (B, 1, C)
+                ran += 1
+                after.append(x)
+                if not drafting:
+                    continue
+                logits = self.heads.logits(decoder, ran, x[:, 0]).float()  # (B, V)
+                top, best = torch.softmax(logits / self.temperatures[ran - 1], dim=-1).max(dim=-1)  # (B,)
+                newly = wants & ~exited & (top >= self.tau)  # (B,)
+                choice = torch.where(newly, best, choice)
+                exits[:, j].masked_fill_(newly, ran)
+                if confidence is not None:
+                    confidence[:, j] = torch.where(newly, request.confidence(logits), confidence[:, j])
+                if request.logprobs:
+                    if logprobs is None:
+                        logprobs = logits.new_zeros(bsz, width, logits.size(-1))
+                    logprobs[:, j] = torch.where(newly[:, None], torch.log_softmax(logits, dim=-1), logprobs[:, j])
+                exited |= newly
+                if not bool((wants & ~exited).any()):
+                    break
+            depths.append(ran)
+            block.append(after)
+            feeding = wants & exited  # rows whose token exited feed its draft next; the others stop
+            if not drafting or not bool(feeding.any()):
+                break
+            drafts[:, j] = torch.where(feeding, choice, self.pad)
+            drafted += feeding.long()
+            if ran < self.d_max:  # deeper tokens after it see its last state carried up
+                scorer.carry_up(cache, x, position, ran, self.d_max)
+            feed = drafts[:, j: j + 1]
+        resumed = min(depths)
+        states = torch.cat([after[resumed] for after in block], dim=1)  # (B, fed, C)
+        return Draft(drafts, drafted, logprobs, confidence, resume=Resume(resumed, states),
+                     exits=(exits, self.layers)), state
