@@ -16,6 +16,8 @@ import typing
 
 import torch
 
+from cmasd.errors import MissingFileError, UsageError
+
 
 def fairseq_checkpoint_globals() -> list:
     """The classes fairseq 0.12 checkpoints contain beyond tensors and builtins."""
@@ -61,7 +63,7 @@ def allow_fairseq_checkpoints() -> None:
 def require_checkpoint(path: str, option: str) -> str:
     """Return ``path`` if it names a file, else raise a message naming ``option``."""
     if not path:
-        raise ValueError(f"{option} is required")
+        raise UsageError(f"{option} is required")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{option}: no checkpoint file at {path!r}")
+        raise MissingFileError(f"{option}: no checkpoint file at {path!r}")
     return path

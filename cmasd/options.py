@@ -25,6 +25,7 @@ from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.base import Drafter, Nothing
 from cmasd.drafters.compose import Fallback
 from cmasd.drafters.ngram import HistoryNgram, SourceNgram
+from cmasd.errors import UsageError
 from cmasd.verification.acceptance import ACCEPTANCE_RULES, TAU_SCHEDULES
 from cmasd.verification.confidence import CONFIDENCES, DEFAULT_WEIGHTS, ConfidenceSpec
 from cmasd.verification.controllers import CONTROLLERS
@@ -212,7 +213,7 @@ def refuse_unsupported(gen_cfg) -> None:
     ]
     unsupported = [what for bad, what in refusals if bad]
     if unsupported:
-        raise ValueError("speculative generation does not support: " + "; ".join(unsupported))
+        raise UsageError("speculative generation does not support: " + "; ".join(unsupported))
 
 
 def load_drafter_model(path: str, task, like: Optional[torch.Tensor] = None):
@@ -225,7 +226,7 @@ def load_drafter_model(path: str, task, like: Optional[torch.Tensor] = None):
     rows = state["model"].get("decoder.embed_tokens.weight")
     size = len(task.target_dictionary)
     if rows is not None and rows.size(0) != size:
-        raise ValueError(
+        raise UsageError(
             f"--drafter-path {path}: drafter dictionary ({rows.size(0)} symbols) differs from the verifier's "
             f"({size} symbols): train the drafter on data binarized with the verifier's dictionary"
         )
@@ -243,13 +244,13 @@ def drafter_kind(model, requested: str, path: str) -> type:
         for kind in DRAFTER_KINDS.values():
             if isinstance(model, kind.model_class):
                 return kind
-        raise ValueError(
+        raise UsageError(
             f"--drafter-path {path}: holds a {type(model).__name__}, which no drafter kind drafts with "
             f"({', '.join(f'{n}: {k.model_class.__name__}' for n, k in DRAFTER_KINDS.items())})"
         )
     kind = DRAFTER_KINDS[requested]
     if not isinstance(model, kind.model_class):
-        raise ValueError(
+        raise UsageError(
             f"--drafter-kind {requested}: {path} holds a {type(model).__name__}, not a {kind.model_class.__name__}"
         )
     return kind
@@ -263,7 +264,7 @@ def check_dictionary(model, dictionary) -> None:
         return
     size = model.decoder.embed_tokens.num_embeddings
     if size != len(dictionary):
-        raise ValueError(
+        raise UsageError(
             f"drafter dictionary ({size} symbols) differs from the verifier's ({len(dictionary)} symbols): "
             "train the drafter on data binarized with the verifier's dictionary"
         )
@@ -277,15 +278,15 @@ def acceptance_rule(cfg: SpeculativeDecodingConfig, sampling: bool):
         name = "rejection" if sampling else "exact"
     rule = ACCEPTANCE_RULES[name].from_config(cfg)
     if rule.samples and not sampling:
-        raise ValueError(f"--spec-acceptance {name}: verifies sampling; add --sampling (or choose a greedy rule: "
+        raise UsageError(f"--spec-acceptance {name}: verifies sampling; add --sampling (or choose a greedy rule: "
                          f"{', '.join(n for n, r in ACCEPTANCE_RULES.items() if not r.samples)})")
     if sampling and not rule.samples:
-        raise ValueError(f"--spec-acceptance {name}: verifies greedy decoding, not --sampling; use --spec-acceptance "
+        raise UsageError(f"--spec-acceptance {name}: verifies greedy decoding, not --sampling; use --spec-acceptance "
                          f"{' or '.join(n for n, r in ACCEPTANCE_RULES.items() if r.samples)} (or auto)")
     if not rule.samples:
         for option, value, default in (("--spec-lenience", cfg.spec_lenience, 1.0), ("--ears-beta", cfg.ears_beta, 0.0)):
             if value != default:
-                raise ValueError(f"{option}: applies to speculative sampling (--sampling), not to --spec-acceptance {name}")
+                raise UsageError(f"{option}: applies to speculative sampling (--sampling), not to --spec-acceptance {name}")
     return rule
 
 
@@ -306,7 +307,7 @@ def build_drafter(model, kind: Optional[type], verifier, task, cfg: SpeculativeD
     drafter: Drafter = Nothing() if kind is None else kind.from_model(model, verifier, cfg, kernels, horizon)
     if cfg.spec_source_ngram:
         if task.source_dictionary.symbols != task.target_dictionary.symbols:
-            raise ValueError("--spec-source-ngram: the source and target dictionaries differ; source lookups need a "
+            raise UsageError("--spec-source-ngram: the source and target dictionaries differ; source lookups need a "
                              "joined dictionary (fairseq-preprocess --joined-dictionary)")
         tgt = task.target_dictionary
         drafter = Fallback(SourceNgram(cfg.spec_source_ngram, tgt.pad(), tgt.eos(), tgt.bos()), drafter)
@@ -321,10 +322,10 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     model ``drafter_model`` (None: lookups alone, or with none the verifier alone through
     the same loop), with the dictionaries of ``task``."""
     if len(models) != 1:
-        raise ValueError(f"speculative generation verifies with one model, got an ensemble of {len(models)}")
+        raise UsageError(f"speculative generation verifies with one model, got an ensemble of {len(models)}")
     for option, n in (("--spec-history-ngram", cfg.spec_history_ngram), ("--spec-source-ngram", cfg.spec_source_ngram)):
         if n < 0:
-            raise ValueError(f"{option}: must be >= 0 (0: off), got {n}")
+            raise UsageError(f"{option}: must be >= 0 (0: off), got {n}")
     refuse_unsupported(gen_cfg)
     sampling = Sampling.from_generation(gen_cfg)
     verifier, tgt_dict = models[0], task.target_dictionary
@@ -335,9 +336,9 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     elif cfg.drafter_kind != AUTO:
         kind = DRAFTER_KINDS[cfg.drafter_kind]
         if not kind.model_optional:
-            raise ValueError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
+            raise UsageError(f"--drafter-kind {cfg.drafter_kind}: needs --drafter-path")
     if kind is not None and sampling is not None and not kind.samples:
-        raise ValueError(f"--drafter-kind {kind.name}: drafts the argmax only, it cannot propose draws for --sampling "
+        raise UsageError(f"--drafter-kind {kind.name}: drafts the argmax only, it cannot propose draws for --sampling "
                          "(leave out --sampling, or choose a drafter that samples)")
     kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
     controller, acceptance, confidence = build_parts(

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cmasd.decoding.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
+from cmasd.errors import UsageError
 
 # Called once per layer with that layer's new keys/values (B, H, T_new, d);
 # returns every key/value the new queries may see and the visibility mask.
@@ -49,7 +50,7 @@ def check_supported_layer(layer) -> None:
     if attn.bias_k is not None or attn.add_zero_attn:
         unsupported.append("add_bias_kv/add_zero_attn")
     if unsupported:
-        raise ValueError(
+        raise UsageError(
             "cmasd cannot score blocks with this decoder layer: unsupported "
             "options " + ", ".join(unsupported)
         )
@@ -386,7 +387,7 @@ class DecodingDecoder:
 
     def __init__(self, decoder, kernels: str):
         if getattr(decoder, "adaptive_softmax", None) is not None:
-            raise ValueError("cmasd cannot decode with an adaptive-softmax decoder")
+            raise UsageError("cmasd cannot decode with an adaptive-softmax decoder")
         self.decoder = decoder
         self.kernels = kernels
         self.layers = [DecodingLayer(layer, kernels) for layer in decoder.layers]
@@ -511,7 +512,7 @@ def check_supported_encoder_layer(layer) -> None:
     """Refuse encoder layers whose extra features ``EncodingLayer`` does not run."""
     check_supported_layer(layer)
     if getattr(layer, "return_fc", False):
-        raise ValueError("cmasd cannot encode with layers that return their feed-forward output (return_fc)")
+        raise UsageError("cmasd cannot encode with layers that return their feed-forward output (return_fc)")
 
 
 class EncodingLayer(PreparedFeedForward):

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cmasd.decoding import extension
+from cmasd.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def resolve_kernels(choice: str, like: Tensor) -> str:
     kernel builds and torch has oneDNN's packed linear, packed where only the latter,
     native otherwise; ``gemv`` or ``packed`` where it cannot run is refused."""
     if choice not in KERNEL_CHOICES:
-        raise ValueError(f"--spec-kernels: unknown {choice!r}; choose from {', '.join(KERNEL_CHOICES)}")
+        raise UsageError(f"--spec-kernels: unknown {choice!r}; choose from {', '.join(KERNEL_CHOICES)}")
     if like.device.type != "cpu":
         obstacle = f"the model is on {like.device}"
     elif like.dtype != torch.float32:
@@ -78,7 +79,7 @@ def resolve_kernels(choice: str, like: Tensor) -> str:
         obstacle = None
     if obstacle:
         if choice in ("packed", "gemv"):
-            raise ValueError(f"--spec-kernels {choice}: runs float32 models on CPU with oneDNN only, but {obstacle} "
+            raise UsageError(f"--spec-kernels {choice}: runs float32 models on CPU with oneDNN only, but {obstacle} "
                              "(use native)")
         return "native" if choice == "auto" else choice
     if choice in ("auto", "gemv"):
@@ -86,7 +87,7 @@ def resolve_kernels(choice: str, like: Tensor) -> str:
         if gemv_obstacle is None:
             return "gemv"
         if choice == "gemv":
-            raise ValueError(f"--spec-kernels gemv: the kernel is unavailable: {gemv_obstacle} (use packed)")
+            raise UsageError(f"--spec-kernels gemv: the kernel is unavailable: {gemv_obstacle} (use packed)")
         warn_once(f"--spec-kernels auto: packed, not gemv: {gemv_obstacle}")
         return "packed"
     return choice
@@ -153,7 +154,7 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
         super().__init__()
         if weight.device.type != "cpu":
-            raise ValueError("--spec-drafter-quantize int8: dynamic int8 quantization runs on CPU only (drop --cuda or the option)")
+            raise UsageError("--spec-drafter-quantize int8: dynamic int8 quantization runs on CPU only (drop --cuda or the option)")
         plain = nn.Linear(weight.size(1), weight.size(0), bias=bias is not None)
         with torch.no_grad():
             plain.weight.copy_(weight)

@@ -27,6 +27,7 @@ from torch import Tensor
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, choose, chosen_probability, model_draft
+from cmasd.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class AutoregressiveDrafter(ModelDrafter):
     @classmethod
     def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "AutoregressiveDrafter":
         if cfg.spec_draft_block is not None:
-            raise ValueError("--spec-draft-block: applies to the Spec-Drafter only (--drafter-kind spec)")
+            raise UsageError("--spec-draft-block: applies to the Spec-Drafter only (--drafter-kind spec)")
         return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, same_encoder(model, verifier))
 
     @torch.no_grad()

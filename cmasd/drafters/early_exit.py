@@ -28,6 +28,7 @@ from torch import Tensor
 
 from cmasd.decoding.cache import Resume
 from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
+from cmasd.errors import UsageError
 from cmasd.models.exit_heads import ExitHeadsModel
 
 
@@ -70,14 +71,14 @@ def annealed_temperatures(alpha: float, layers: int) -> List[float]:
 def check_bounds(layers: int, alpha: float, tau: float, d_max: int, w_max: int) -> None:
     """One clear message for a SpecBound option out of range."""
     if alpha < 0:
-        raise ValueError(f"--specbound-alpha: must be >= 0 (0: no annealing), got {alpha}")
+        raise UsageError(f"--specbound-alpha: must be >= 0 (0: no annealing), got {alpha}")
     if not 0 < tau <= 1:
-        raise ValueError(f"--specbound-tau: must lie in (0, 1], got {tau}")
+        raise UsageError(f"--specbound-tau: must lie in (0, 1], got {tau}")
     if not 1 <= d_max <= layers - 1:
-        raise ValueError(f"--specbound-d-max: must lie in 1 .. {layers - 1} (the verifier has {layers} decoder "
+        raise UsageError(f"--specbound-d-max: must lie in 1 .. {layers - 1} (the verifier has {layers} decoder "
                          f"layers), got {d_max}")
     if w_max < 1:
-        raise ValueError(f"--specbound-w-max: must be >= 1, got {w_max}")
+        raise UsageError(f"--specbound-w-max: must be >= 1, got {w_max}")
 
 
 class EarlyExitDrafter(ModelDrafter):

@@ -37,11 +37,12 @@ from cmasd.drafters.base import (
     Source,
     Stateless,
 )
+from cmasd.errors import UsageError
 
 
 def check_n(n: int, option: str) -> int:
     if n < 1:
-        raise ValueError(f"{option}: must be >= 1 to draft from n-gram lookups, got {n}")
+        raise UsageError(f"{option}: must be >= 1 to draft from n-gram lookups, got {n}")
     return n
 
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from cmasd.decoding.attention import DecodingDecoder, additive_mask
 from cmasd.decoding.cache import encoder_states, widened
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
+from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel
 
 
@@ -94,7 +95,7 @@ class SpecDrafter(ModelDrafter):
         """The drafter of the options ``cfg`` (``--spec-draft-block``, ``--spec-drafter-quantize``)."""
         block = model.block_size if cfg.spec_draft_block is None else cfg.spec_draft_block
         if not max(horizon, 1) <= block <= model.block_size:
-            raise ValueError(
+            raise UsageError(
                 f"--spec-draft-block: must be in [{max(horizon, 1)}, {model.block_size}] (the draft length the "
                 f"controller can send .. the drafter's block), got {block}"
             )

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from cmasd.errors import UsageError
 from cmasd.models.heads import HeadsConfig, HeadsOfVerifier
 
 
@@ -36,7 +37,7 @@ class BlockwiseHeadsModel(HeadsOfVerifier):
     def __init__(self, cfg: BlockwiseHeadsConfig, shape: Dict[str, int], verifier=None):
         super().__init__(cfg, verifier)
         if cfg.blockwise_k < 2:
-            raise ValueError(f"--blockwise-k: must be >= 2, got {cfg.blockwise_k}")
+            raise UsageError(f"--blockwise-k: must be >= 2, got {cfg.blockwise_k}")
         self.k = cfg.blockwise_k
         dim = shape["dim"]
         self.up = nn.ModuleList(nn.Linear(dim, cfg.blockwise_ffn_dim) for _ in range(self.k - 1))

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from cmasd.errors import UsageError
 from cmasd.models.heads import HeadsConfig, HeadsOfVerifier
 
 
@@ -37,7 +38,7 @@ class ExitHeadsModel(HeadsOfVerifier):
         super().__init__(cfg, verifier)
         layers, dim = shape["layers"], shape["dim"]
         if layers < 2:
-            raise ValueError(f"--verifier-path {cfg.verifier_path}: exit heads need a decoder of 2 or more layers")
+            raise UsageError(f"--verifier-path {cfg.verifier_path}: exit heads need a decoder of 2 or more layers")
         self.layers = layers
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers - 1))
         self.adapters = None

@@ -20,6 +20,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.models import BaseFairseqModel
 from torch import Tensor
 
+from cmasd.errors import UsageError
 from cmasd.models.verifier import load_verifier
 
 
@@ -89,7 +90,7 @@ class HeadsOfVerifier(BaseFairseqModel):
         """Refuse a verifier other than the one the heads were trained for."""
         theirs = verifier_fingerprint(verifier)
         if self.cfg.verifier_fingerprint != theirs:
-            raise ValueError(
+            raise UsageError(
                 f"{where}: these heads were trained for another verifier (fingerprint "
                 f"{self.cfg.verifier_fingerprint[:16]}, this verifier's {theirs[:16]}): train heads for this "
                 f"verifier ({self.recipe})"

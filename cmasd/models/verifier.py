@@ -24,6 +24,7 @@ from fairseq.models.transformer import TransformerConfig
 from omegaconf import OmegaConf
 
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
+from cmasd.errors import UsageError
 
 
 def transformer_keys() -> List[str]:
@@ -68,7 +69,7 @@ def load_verifier(path: str, task):
     # task's <mask>, which BART's own state-dict upgrade drops on loading
     mask_row = embed_rows is not None and embed_rows.size(0) == symbols + 1 and "<mask>" not in task.target_dictionary
     if embed_rows is not None and embed_rows.size(0) != symbols and not mask_row:
-        raise ValueError(
+        raise UsageError(
             f"--verifier-path {path}: the verifier has {embed_rows.size(0)} target symbols but "
             f"the data's dictionary has {len(task.target_dictionary)}: binarize the data "
             "with the verifier's dictionary (fairseq-preprocess --srcdict ... --joined-dictionary)"
@@ -182,7 +183,7 @@ class DrafterOfVerifier:
         mine = bytes(self.dictionary_digest.tolist())
         size = self.decoder.embed_tokens.num_embeddings
         if mine != theirs or size != len(dictionary):
-            raise ValueError(
+            raise UsageError(
                 f"drafter dictionary ({size} symbols, digest {mine.hex()[:16]}) differs from the "
                 f"verifier's ({len(dictionary)} symbols, digest {theirs.hex()[:16]}): train the "
                 "drafter on data binarized with the verifier's dictionary"

@@ -34,6 +34,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from fairseq.dataclass import FairseqDataclass
 from torch import Tensor
 
+from cmasd.errors import UsageError
+
 # block positions whose accuracy is logged (and k_max itself)
 LOGGED_POSITIONS = 5
 
@@ -62,10 +64,10 @@ def parse_glat_schedule(text: str) -> Tuple[float, float, int]:
         else:
             schedule = (float(text), float(text), 0)
     except ValueError:
-        raise ValueError(f"--glat-schedule {text!r}: expected R or START:END@UPDATES, e.g. 0.5:0.1@20000")
+        raise UsageError(f"--glat-schedule {text!r}: expected R or START:END@UPDATES, e.g. 0.5:0.1@20000")
     start, end, updates = schedule
     if not (0.0 <= start <= 1.0 and 0.0 <= end <= 1.0) or updates < 0:
-        raise ValueError(f"--glat-schedule {text!r}: ratios must lie in [0, 1] and UPDATES be >= 0")
+        raise UsageError(f"--glat-schedule {text!r}: ratios must lie in [0, 1] and UPDATES be >= 0")
     return schedule
 
 
@@ -111,7 +113,7 @@ class SpecDrafterLoss(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         if "block_starts" not in sample:
-            raise ValueError(
+            raise UsageError(
                 "spec_drafter_loss needs cut points in the samples: train with "
                 "--task translation_speculative and --drafter-cuts > 0"
             )

@@ -24,6 +24,7 @@ Other splits use fixed, evenly spread cut points ``1 + floor(g * n / cuts)``,
 ``g = 0 .. cuts-1``, so validation figures compare across epochs and runs.
 """
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from cmasd.compat import fix_ngram_blocker
+from cmasd.errors import MissingFileError
 from cmasd.models.heads import HeadsOfVerifier
 from cmasd.models.verifier import DrafterOfVerifier
 from cmasd.options import (
@@ -42,6 +44,8 @@ from cmasd.options import (
     is_speculative,
     load_drafter_model,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def random_cuts(length: int, cuts: int, seed: int, epoch: int, index: int) -> np.ndarray:
@@ -92,6 +96,25 @@ class BlockCutDataset(BaseWrapperDataset):
         return batch
 
 
+class CompleteBatches(BaseWrapperDataset):
+    """A dataset whose batches cover every index they are given.
+
+    fairseq 0.12's ``batch_by_size`` drops the last sentences of a split when
+    ``--required-batch-size-multiple`` (default 8) does not fit the split: with batches of
+    16, 100 sentences give 96, and 200 sentences at ``--batch-size 1`` give 199, with no
+    message, for fairseq's generator as for any other. Here the sentences it left out are
+    batched again with a multiple of 1 (which covers them) and appended as the last
+    batches, so that every input gets its output and training sees every example."""
+
+    def batch_by_size(self, indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1):
+        batches = list(self.dataset.batch_by_size(indices, max_tokens, max_sentences, required_batch_size_multiple))
+        covered = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+        missing = np.asarray(indices)[~np.isin(indices, covered)]  # in the given (size) order
+        if missing.size:
+            batches += list(self.dataset.batch_by_size(missing, max_tokens, max_sentences, 1))
+        return batches
+
+
 @dataclass
 class TranslationSpeculativeConfig(TranslationConfig, SpeculativeDecodingConfig):
     drafter_cuts: int = field(
@@ -118,6 +141,12 @@ class TranslationSpeculativeTask(TranslationTask):
 
     cfg: TranslationSpeculativeConfig
 
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.complete_datasets = {}  # dataset -> its CompleteBatches (fairseq caches iterators by dataset)
+        self.drafters = {}  # (path, device, dtype) -> the drafter model loaded from it
+        self.last_generator = None  # what build_generator returned last (its statistics: cmasd.hub)
+
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         if self.cfg.drafter_cuts > 0:
@@ -127,6 +156,46 @@ class TranslationSpeculativeTask(TranslationTask):
                 self.cfg.seed,
                 random=split == self.cfg.train_subset,
             )
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        """fairseq's dataset of raw inputs (``fairseq-interactive``, the hub interface),
+        which keeps its sources for ``fit_sources``."""
+        dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
+        dataset.raw_sources = (list(src_tokens), constraints)
+        return dataset
+
+    def fit_sources(self, dataset, max_positions):
+        """``dataset`` of raw inputs with every source longer than the model allows cut to
+        the first positions it allows (its end-of-sentence token kept), with a warning
+        naming it: fairseq would stop the whole stream at such a line, losing the lines
+        after it; here it gets the translation of its beginning."""
+        limit = max_positions[0] if isinstance(max_positions, tuple) else max_positions
+        sources, constraints = dataset.raw_sources
+        if limit is None or all(len(s) <= limit for s in sources):
+            return dataset
+        for i, source in enumerate(sources):
+            if len(source) > limit:
+                logger.warning(
+                    "input %d (%s ...): %d tokens, more than the model's %d source positions: decoding its "
+                    "first %d tokens", i, self.source_dictionary.string(source[:8]), len(source), limit, limit - 1)
+                sources[i] = torch.cat([source[: limit - 1], source[-1:]])  # (limit,) eos last
+        return self.build_dataset_for_inference(sources, [len(s) for s in sources], constraints)
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, **kwargs):
+        """fairseq's batch iterator over ``dataset``, whose batches cover every sentence
+        (``CompleteBatches``) whatever ``--batch-size``, ``--max-tokens`` and
+        ``--required-batch-size-multiple``; raw inputs too long for the model are cut to
+        fit (``fit_sources``) unless ``--skip-invalid-size-inputs-valid-test`` skips them."""
+        if hasattr(dataset, "raw_sources") and max_positions is not None and not ignore_invalid_inputs:
+            dataset = self.fit_sources(dataset, max_positions)
+        if not isinstance(dataset, CompleteBatches):
+            if dataset not in self.complete_datasets:
+                self.complete_datasets[dataset] = CompleteBatches(dataset)
+            dataset = self.complete_datasets[dataset]
+        return super().get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=max_sentences,
+                                          max_positions=max_positions, ignore_invalid_inputs=ignore_invalid_inputs,
+                                          **kwargs)
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq builds dataclass models from a merged *copy* of ``cfg``; a drafter
@@ -163,7 +232,7 @@ class TranslationSpeculativeTask(TranslationTask):
                              ("--gpt2-encoder-json", getattr(args, "gpt2_encoder_json", None)),
                              ("--gpt2-vocab-bpe", getattr(args, "gpt2_vocab_bpe", None))):
             if path and "://" not in str(path) and not os.path.isfile(path):
-                raise FileNotFoundError(f"{option}: file not found: {path}")
+                raise MissingFileError(f"{option}: file not found: {path}")
         return super().build_bpe(args)
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
@@ -171,10 +240,16 @@ class TranslationSpeculativeTask(TranslationTask):
         checked against ``args``, fairseq's generation options), else fairseq's own, as
         ``tasks/translation_lev.py`` plugs in its generator."""
         if not is_speculative(self.cfg):
-            return fix_ngram_blocker(super().build_generator(
+            self.last_generator = fix_ngram_blocker(super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             ))
+            return self.last_generator
         drafter = None
         if self.cfg.drafter_path:
-            drafter = load_drafter_model(self.cfg.drafter_path, self, like=next(models[0].parameters()))
-        return build_speculative_generator(models, drafter, self, args, self.cfg, seed=self.cfg.seed)
+            like = next(models[0].parameters())
+            key = (self.cfg.drafter_path, like.device, like.dtype)
+            if key not in self.drafters:  # a hub interface builds a generator per call
+                self.drafters[key] = load_drafter_model(self.cfg.drafter_path, self, like=like)
+            drafter = self.drafters[key]
+        self.last_generator = build_speculative_generator(models, drafter, self, args, self.cfg, seed=self.cfg.seed)
+        return self.last_generator

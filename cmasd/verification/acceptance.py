@@ -18,6 +18,7 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.errors import UsageError
 from cmasd.verification.base import AcceptanceRule, Needs, Proposal, Verdict, leading_accepted
 from cmasd.verification.rejection import SAMPLING_RULES
 
@@ -41,7 +42,7 @@ def gap_to_top1(proposal: Tensor, verifier_lprobs: Tensor, beta: int) -> Tuple[T
 
 def check_beta(beta: int) -> None:
     if beta < 1:
-        raise ValueError(f"--spec-beta: must be >= 1, got {beta}")
+        raise UsageError(f"--spec-beta: must be >= 1, got {beta}")
 
 
 class Exact(AcceptanceRule):
@@ -66,7 +67,7 @@ class TopKGap(AcceptanceRule):
     def __init__(self, beta: int, tau: float):
         check_beta(beta)
         if tau < 0:
-            raise ValueError(f"--spec-tau: must be >= 0, got {tau:g}")
+            raise UsageError(f"--spec-tau: must be >= 0, got {tau:g}")
         self.beta, self.tau = beta, tau
 
     @classmethod
@@ -94,7 +95,7 @@ def adaptive_tau(confidence: Tensor, tau_base: float, gamma: float, schedule: st
         return tau_base + gamma * (1.0 - confidence)
     if schedule == "confidence":
         return tau_base + gamma * confidence
-    raise ValueError(f"--cmasd-tau-schedule: unknown {schedule!r}; choose {' or '.join(TAU_SCHEDULES)}")
+    raise UsageError(f"--cmasd-tau-schedule: unknown {schedule!r}; choose {' or '.join(TAU_SCHEDULES)}")
 
 
 class ConfidenceModulated(AcceptanceRule):
@@ -107,9 +108,9 @@ class ConfidenceModulated(AcceptanceRule):
     def __init__(self, beta: int, tau_base: float, gamma: float, schedule: str):
         check_beta(beta)
         if tau_base < 0:
-            raise ValueError(f"--cmasd-tau-base: must be >= 0, got {tau_base:g}")
+            raise UsageError(f"--cmasd-tau-base: must be >= 0, got {tau_base:g}")
         if gamma < 0:
-            raise ValueError(f"--cmasd-gamma: must be >= 0, got {gamma:g}")
+            raise UsageError(f"--cmasd-gamma: must be >= 0, got {gamma:g}")
         adaptive_tau(torch.zeros(1), tau_base, gamma, schedule)  # validates the schedule
         self.beta, self.tau_base, self.gamma, self.schedule = beta, tau_base, gamma, schedule
 

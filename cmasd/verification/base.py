@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
+from cmasd.errors import UsageError
 from cmasd.verification.sampling import RowRandom
 
 
@@ -164,9 +165,9 @@ def within(option: str, value: int, low: int, limit: Optional[int], what: str = 
     """Refuse ``value`` outside [low, limit] (limit None: no upper bound), naming ``option``."""
     if limit is None:
         if value < low:
-            raise ValueError(f"{option}: must be >= {low}, got {value}")
+            raise UsageError(f"{option}: must be >= {low}, got {value}")
     elif not low <= value <= limit:
-        raise ValueError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")
+        raise UsageError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")
 
 
 def largest_k(cfg, limit: Optional[int]) -> int:
@@ -174,6 +175,6 @@ def largest_k(cfg, limit: Optional[int]) -> int:
     when neither is (a drafter without a block of its own)."""
     k_max = limit if cfg.spec_k_max is None else cfg.spec_k_max
     if k_max is None:
-        raise ValueError(f"--spec-k-max: required with --spec-controller {cfg.spec_controller} when the drafter has "
+        raise UsageError(f"--spec-k-max: required with --spec-controller {cfg.spec_controller} when the drafter has "
                          "no block of its own (an autoregressive draft model, lookups alone)")
     return k_max

@@ -23,6 +23,8 @@ from typing import Callable, Dict, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.errors import UsageError
+
 
 def entropy_confidence(logits: Tensor) -> Tensor:
     """1 - H(P) / log|V| of softmax(logits) over the last dimension."""
@@ -59,7 +61,7 @@ def parse_weights(text: str) -> Tuple[float, ...]:
     try:
         return tuple(float(Fraction(w.strip())) for w in str(text).split(","))
     except (ValueError, ZeroDivisionError):
-        raise ValueError(f"--cmasd-weights: expected three comma-separated numbers, got {text!r}") from None
+        raise UsageError(f"--cmasd-weights: expected three comma-separated numbers, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -73,18 +75,18 @@ class ConfidenceSpec:
 
     def __post_init__(self):
         if self.name not in CONFIDENCES:
-            raise ValueError(
+            raise UsageError(
                 f"--cmasd-confidence: unknown {self.name!r}; choose from {', '.join(CONFIDENCES)}"
             )
         if len(self.weights) != 3 or any(not 0.0 <= w <= 1.0 for w in self.weights):
-            raise ValueError(
+            raise UsageError(
                 f"--cmasd-weights: need three weights in [0, 1] (entropy, logit margin, "
                 f"softmax margin), got {list(self.weights)}"
             )
         if abs(sum(self.weights) - 1.0) > 1e-6:
-            raise ValueError(f"--cmasd-weights: weights must sum to 1, got {sum(self.weights):g}")
+            raise UsageError(f"--cmasd-weights: weights must sum to 1, got {sum(self.weights):g}")
         if self.margin_scale <= 0:
-            raise ValueError(f"--cmasd-margin-scale: must be > 0, got {self.margin_scale:g}")
+            raise UsageError(f"--cmasd-margin-scale: must be > 0, got {self.margin_scale:g}")
 
     @classmethod
     def from_config(cls, cfg) -> "ConfidenceSpec":

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft
+from cmasd.errors import UsageError
 from cmasd.verification.base import NO_ROW_STATE, Controller, Needs, RowState, largest_k, within
 from cmasd.verification.history import HISTORY_CONTROLLERS, Idle
 
@@ -52,7 +53,7 @@ class ConfidenceScaled(Controller):
         within("--spec-k-max", k_max, 1, limit)
         within("--spec-k-min", k_min, 1, k_max, what=f"up to --spec-k-max={k_max}")
         if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
+            raise UsageError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
         self.k_min, self.k_max, self.alpha = k_min, k_max, alpha
         self.idle = idle
         self.horizon = k_max

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from cmasd.drafters.base import Draft, chosen_probability
+from cmasd.errors import UsageError
 from cmasd.verification.base import Controller, Needs, RowState, largest_k, within
 
 EXPANSIONS = ("text", "algorithm")
@@ -51,7 +52,7 @@ EXPANSIONS = ("text", "algorithm")
 
 def check_threshold(threshold: float) -> float:
     if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"--draft-stop-threshold: must be in [0, 1], got {threshold:g}")
+        raise UsageError(f"--draft-stop-threshold: must be in [0, 1], got {threshold:g}")
     return threshold
 
 
@@ -99,9 +100,9 @@ class Idle:
 
     def __init__(self, below: float, every: int):
         if not below >= 0.0:
-            raise ValueError(f"--spec-idle-below: must be >= 0 (0: off), got {below:g}")
+            raise UsageError(f"--spec-idle-below: must be >= 0 (0: off), got {below:g}")
         if every < 1:
-            raise ValueError(f"--spec-probe-every: must be >= 1, got {every}")
+            raise UsageError(f"--spec-probe-every: must be >= 1, got {every}")
         self.below, self.every = below, every
 
     @classmethod
@@ -152,11 +153,11 @@ class GammaTune(Controller):
         within("--spec-k-min", gamma_min, 1, gamma_max, what=f"up to --spec-k-max={gamma_max}")
         within("--spec-k", initial, gamma_min, gamma_max, what=f"the initial gamma, in [--spec-k-min, --spec-k-max]")
         if not 0.0 < eta <= 1.0:
-            raise ValueError(f"--gammatune-eta: must be in (0, 1], got {eta:g}")
+            raise UsageError(f"--gammatune-eta: must be in (0, 1], got {eta:g}")
         if delta < 0:
-            raise ValueError(f"--gammatune-delta: must be >= 0, got {delta}")
+            raise UsageError(f"--gammatune-delta: must be >= 0, got {delta}")
         if expansion not in EXPANSIONS:
-            raise ValueError(f"--gammatune-expansion: unknown {expansion!r}; choose {' or '.join(EXPANSIONS)}")
+            raise UsageError(f"--gammatune-expansion: unknown {expansion!r}; choose {' or '.join(EXPANSIONS)}")
         self.initial, self.eta, self.delta = initial, eta, delta
         self.gamma_min, self.gamma_max, self.expansion = gamma_min, gamma_max, expansion
         self.idle = idle
@@ -228,7 +229,7 @@ class ConfidenceInWindow(GammaTune):
     def __init__(self, *args, alpha: float):
         super().__init__(*args)
         if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
+            raise UsageError(f"--cmasd-alpha: must be in (0, 1], got {alpha:g}")
         self.alpha = alpha
 
     @classmethod

@@ -29,6 +29,7 @@ from typing import Dict
 import torch
 from torch import Tensor
 
+from cmasd.errors import UsageError
 from cmasd.verification.base import AcceptanceRule, Needs, Proposal, Verdict, leading_accepted
 from cmasd.verification.sampling import ACCEPT, RESAMPLE, draw_weights
 
@@ -44,9 +45,9 @@ class SpeculativeSampling(AcceptanceRule):
 
     def __init__(self, lenience: float = 1.0, ears_beta: float = 0.0):
         if not 0.0 < lenience <= 1.0:
-            raise ValueError(f"--spec-lenience: must be in (0, 1] (1: exact), got {lenience:g}")
+            raise UsageError(f"--spec-lenience: must be in (0, 1] (1: exact), got {lenience:g}")
         if not ears_beta >= 0.0:
-            raise ValueError(f"--ears-beta: must be >= 0 (0: off), got {ears_beta:g}")
+            raise UsageError(f"--ears-beta: must be >= 0 (0: off), got {ears_beta:g}")
         self.lenience, self.ears_beta = lenience, ears_beta
 
     @classmethod

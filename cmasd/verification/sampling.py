@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from cmasd.errors import UsageError
+
 # the purposes a uniform serves: the streams of a ``RowRandom`` table
 DRAFT, ACCEPT, RESAMPLE = 0, 1, 2
 STREAMS = 3
@@ -109,11 +111,11 @@ class Sampling:
 
     def __post_init__(self):
         if not self.temperature > 0:
-            raise ValueError(f"--temperature: must be > 0, got {self.temperature:g}")
+            raise UsageError(f"--temperature: must be > 0, got {self.temperature:g}")
         if self.topk < -1:
-            raise ValueError(f"--sampling-topk: must be > 0 (or -1: off), got {self.topk}")
+            raise UsageError(f"--sampling-topk: must be > 0 (or -1: off), got {self.topk}")
         if not (self.topp == -1.0 or 0.0 < self.topp <= 1.0):
-            raise ValueError(f"--sampling-topp: must be in (0, 1] (or -1: off), got {self.topp:g}")
+            raise UsageError(f"--sampling-topp: must be in (0, 1] (or -1: off), got {self.topp:g}")
 
     @classmethod
     def from_generation(cls, gen_cfg) -> Optional["Sampling"]:

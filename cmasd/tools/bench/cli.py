@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from cmasd.decoding.kernels import shared_linears
+from cmasd.errors import UsageError
 from cmasd.tools.bench.configs import (
     CONFIGS,
     CTRANSLATE2,
@@ -384,12 +385,13 @@ def setup_logging() -> None:
 
 
 def run_cli(parser: argparse.ArgumentParser, main_fn) -> None:
-    """Parse, run, and turn ``BenchError`` into the one-line error."""
+    """Parse, run, and turn ``BenchError`` and cmasd's ``UsageError`` (an option or input
+    the library refuses) into the one-line error."""
     args = parser.parse_args()
     setup_logging()
     try:
         main_fn(args)
-    except BenchError as e:
+    except (BenchError, UsageError) as e:
         fail(parser.prog, str(e))
 
 
