@@ -24,7 +24,9 @@ $(VENV)/.installed: setup.py
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
 
-demo: setup
+demo:
+	@bash data-prep/demo.sh --plan
+	$(MAKE) --no-print-directory setup
 	bash data-prep/demo.sh
 
 clean-venv:

@@ -163,6 +163,7 @@ class SpeculativeHubInterface(GeneratorHubInterface):
 
     def __init__(self, cfg, task, models):
         super().__init__(cfg, task, models)
+        task.log_stats = False  # each call's statistics are returned, not logged at exit
         self.last_stats: Optional[DecodeStats] = None
 
     def translate(self, sentences: List[str], beam: int = 1, verbose: bool = False, **options) -> List[str]:

@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# The whole pipeline on Multi30k EN-DE: data, verifier, distillation, drafter, benchmark.
+# The whole pipeline on Multi30k EN-DE: data, verifier, distillation, drafter, benchmark, trace.
 # `make demo` runs it; run with --help for the stages and the environment variables.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 DATA="$CMASD_ROOT/data-bin/demo-multi30k"
 DISTILLED="$CMASD_ROOT/data-bin/demo-multi30k-distill"
-OUT="$CMASD_ROOT/checkpoints/demo"
+OUT="$(abs_path "${DEMO_OUT:-$CMASD_ROOT/checkpoints/demo}")"
 LOGS="$OUT/logs"
 STAGES_TSV="$OUT/stages.tsv"
+STAGES_HEADER="run_started	stage	seconds	status	peak_rss_mb"
 
 usage() {
   cat <<'EOF'
-Usage: bash data-prep/demo.sh      (or: make demo)
+Usage: bash data-prep/demo.sh [--plan]      (or: make demo)
 
-Five stages, each skipped when already done, so that a rerun resumes where the last one
+Six stages, each skipped when already done, so that a rerun resumes where the last one
 stopped (paths relative to the repository root):
   1 data      data-prep/prepare-multi30k.sh -> data-bin/demo-multi30k (with VERIFIER set:
               the verifier's own spm.model and dict.txt, found beside it)
-  2 verifier  VERIFIER if set; else data-prep/train-verifier.sh DATA compact, time-bounded
-              -> checkpoints/demo/verifier/checkpoint_best.pt
+  2 verifier  VERIFIER if set; else data-prep/train-verifier.sh DATA compact-short (short
+              profile) or compact (full), time-bounded -> checkpoints/demo/verifier/checkpoint_best.pt
   3 distill   data-prep/distill.sh: the verifier's greedy translations of the training
               sources, at most 1.5 x source length + 10 tokens (--max-len-a 1.5
               --max-len-b 10: fairseq's default of 200 lets one degenerate sentence hold
@@ -28,50 +29,89 @@ stopped (paths relative to the repository root):
               schedule for short runs (--lr 1e-3 --warmup-updates 100 --drafter-cuts 2:
               the recipe's 1,000 warm-up updates are about an hour on 2 CPU cores)
               -> checkpoints/demo/drafter/checkpoint_best.pt
-  5 bench     cmasd-bench on the test split, default configurations -> checkpoints/demo/
-              bench.md, bench.json, latency-throughput.png; the table is printed at the end
+  5 bench     cmasd-bench on the test split -> checkpoints/demo/bench.md, bench.json,
+              latency-throughput.png; the table is printed at the end
+  6 trace     cmasd-trace on a few test sentences: each iteration's drafts, which were
+              accepted and where the verifier corrected, in colour and as
+              checkpoints/demo/trace.html
 
-Environment:
+Profiles (DEMO_PROFILE):
+  short (default)  under an hour on 2 CPU cores, setup included (--plan prints the estimate of
+                   each stage): a 21-minute verifier (compact-short: bfloat16 autocast where the
+                   CPU has it), a 12-minute drafter, a bench of 6 configurations on 300 test
+                   sentences at batch 1 and 16, one recorded pass
+  full             about 3 hours: a one-hour verifier (compact), a one-hour drafter,
+                   cmasd-bench's default configurations on the whole test split, 2 passes
+
+Environment (each wins over the profile):
   VERIFIER              a trained verifier checkpoint (.pt) with its spm.model and dict.txt
                         in the same directory, e.g. the shared compact Multi30k verifier
                         (default: train one in stage 2)
-  DEMO_VERIFIER_HOURS   fairseq-train --stop-time-hours of the verifier (default 1.0)
-  DEMO_DRAFTER_HOURS    fairseq-train --stop-time-hours of the drafter (default 1.0)
+  DEMO_DATA             a data-bin to use instead of preparing Multi30k (train, valid and test
+                        splits; dict.txt, spm.model and raw/test.* beside them)
+  DEMO_OUT              where checkpoints, results and logs go (default checkpoints/demo)
+  DEMO_VERIFIER_HOURS   fairseq-train --stop-time-hours of the verifier (short 0.35, full 1.0)
+  DEMO_DRAFTER_HOURS    fairseq-train --stop-time-hours of the drafter (short 0.2, full 1.0)
   DEMO_DRAFTER_UPDATES  fairseq-train --max-update of the drafter (default 30000)
+  DEMO_VERIFIER_ARGS, DEMO_DRAFTER_ARGS
+                        more fairseq-train options for the verifier and the drafter (split at
+                        spaces; they win over the recipe's)
   DEMO_BATCH_SIZES      cmasd-bench --batch-sizes (default 1,16)
-  DEMO_REPEATS          cmasd-bench --repeats (default 2)
-  DEMO_MAX_SENTENCES    cmasd-bench --max-sentences (default: the whole test split)
+  DEMO_REPEATS          cmasd-bench --repeats (short 1, full 2)
+  DEMO_MAX_SENTENCES    cmasd-bench --max-sentences (short 300; full: the whole test split)
+  DEMO_CONFIGS          cmasd-bench --configs (short: beam5,greedy,ct2-greedy,loop-greedy,
+                        specdec-k5-exact,cmasd-k8; full: cmasd-bench's default)
+  DEMO_TRACE_SENTENCES  test sentences cmasd-trace shows (default 3)
   CMASD_DATA_MIRROR     local mirror of the data (see prepare-multi30k.sh --help); default:
                         the shared/data folder beside the repository when it holds multi30k/
   CMASD_PYTHON          python with fairseq (default .venv/bin/python)
 
 Skipping: data and distill are idempotent scripts; verifier: its checkpoint and the marker
 checkpoints/demo/.verifier-done; drafter: its checkpoint and checkpoints/demo/.drafter-done
-(which names the verifier it was trained for); bench: bench.json newer than the drafter.
-Delete a marker (or bench.json) to redo its stage; a training stage then resumes from its
-checkpoint_last.pt, and its time bound counts the hours already trained.
-Each stage's output is also kept in checkpoints/demo/logs/STAGE.log (a skipped stage leaves
-the log of the run that did the work; a stage that runs again keeps its previous log as
-STAGE.log.1), and
+(which names the verifier it was trained for); bench: bench.json newer than the drafter;
+trace: trace.html newer than bench.json. Delete a marker (or bench.json) to redo its stage;
+a training stage then resumes from its checkpoint_last.pt, and its time bound counts the
+hours already trained.
+The terminal shows one line per training epoch (updates, losses, time left) and a
+progress bar while distilling; each stage's whole output is kept in
+checkpoints/demo/logs/STAGE.log (a skipped stage leaves the log of the run that did the
+work; a stage that runs again keeps its previous log as STAGE.log.1), and
 checkpoints/demo/stages.tsv gets a row per stage and run: run start, stage, seconds,
-ran|skipped|failed|interrupted.
+ran|skipped|failed|interrupted, and the peak resident memory of the stage's largest
+process in MB.
 EOF
 }
 
+PLAN_ONLY=0
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
+  --plan) PLAN_ONLY=1 ;;
   "") ;;
   *) usage >&2; die "unexpected argument: $1 (the demo is set through environment variables)" ;;
 esac
 
 # ------------------------------------------------------------------ settings, checked up front
 
-VERIFIER_HOURS="${DEMO_VERIFIER_HOURS:-1.0}"
-DRAFTER_HOURS="${DEMO_DRAFTER_HOURS:-1.0}"
+PROFILE="${DEMO_PROFILE:-short}"
+case "$PROFILE" in
+  # verifier hours, drafter hours, repeats, sentences, configurations, verifier recipe
+  short) DEFAULTS=(0.35 0.2 1 300 "beam5,greedy,ct2-greedy,loop-greedy,specdec-k5-exact,cmasd-k8" compact-short) ;;
+  full) DEFAULTS=(1.0 1.0 2 "" "" compact) ;;
+  *) die "bad DEMO_PROFILE=$PROFILE: expected short or full" ;;
+esac
+VERIFIER_HOURS="${DEMO_VERIFIER_HOURS:-${DEFAULTS[0]}}"
+DRAFTER_HOURS="${DEMO_DRAFTER_HOURS:-${DEFAULTS[1]}}"
 DRAFTER_UPDATES="${DEMO_DRAFTER_UPDATES:-30000}"
 BATCH_SIZES="${DEMO_BATCH_SIZES:-1,16}"
-REPEATS="${DEMO_REPEATS:-2}"
-MAX_SENTENCES="${DEMO_MAX_SENTENCES:-}"
+REPEATS="${DEMO_REPEATS:-${DEFAULTS[2]}}"
+MAX_SENTENCES="${DEMO_MAX_SENTENCES:-${DEFAULTS[3]}}"
+CONFIGS="${DEMO_CONFIGS:-${DEFAULTS[4]}}"
+VERIFIER_SIZE="${DEFAULTS[5]}"
+TRACE_SENTENCES="${DEMO_TRACE_SENTENCES:-3}"
+VERIFIER_ARGS=()
+DRAFTER_ARGS=()
+read -r -a VERIFIER_ARGS <<< "${DEMO_VERIFIER_ARGS:-}"
+read -r -a DRAFTER_ARGS <<< "${DEMO_DRAFTER_ARGS:-}"
 
 for setting in "DEMO_VERIFIER_HOURS=$VERIFIER_HOURS" "DEMO_DRAFTER_HOURS=$DRAFTER_HOURS"; do
   if ! [[ "${setting#*=}" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] || [[ "${setting#*=}" =~ ^[0.]+$ ]]; then
@@ -79,7 +119,7 @@ for setting in "DEMO_VERIFIER_HOURS=$VERIFIER_HOURS" "DEMO_DRAFTER_HOURS=$DRAFTE
   fi
 done
 for setting in "DEMO_DRAFTER_UPDATES=$DRAFTER_UPDATES" "DEMO_REPEATS=$REPEATS" \
-  ${MAX_SENTENCES:+"DEMO_MAX_SENTENCES=$MAX_SENTENCES"}; do
+  "DEMO_TRACE_SENTENCES=$TRACE_SENTENCES" ${MAX_SENTENCES:+"DEMO_MAX_SENTENCES=$MAX_SENTENCES"}; do
   [[ "${setting#*=}" =~ ^[1-9][0-9]*$ ]] || die "bad $setting: expected a positive integer"
 done
 [[ "$BATCH_SIZES" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] \
@@ -88,6 +128,16 @@ done
 if [[ -z "${CMASD_DATA_MIRROR:-}" && -d "$CMASD_ROOT/../shared/data/multi30k" ]]; then
   CMASD_DATA_MIRROR="$(cd "$CMASD_ROOT/../shared/data" && pwd)"
   export CMASD_DATA_MIRROR
+fi
+
+if [[ -n "${DEMO_DATA:-}" ]]; then
+  [[ -d "$DEMO_DATA" ]] || die "DEMO_DATA=$DEMO_DATA: no such directory"
+  DATA="$(abs_path "$DEMO_DATA")"
+  DATA="${DATA%/}"
+  for file in dict.txt spm.model raw/test.en; do
+    [[ -f "$DATA/$file" ]] || die "DEMO_DATA=$DATA: expected $file in it (see --help)"
+  done
+  DISTILLED="$DATA-distill"
 fi
 
 SPM_MODEL=""
@@ -106,18 +156,56 @@ else
 fi
 DRAFTER_PT="$OUT/drafter/checkpoint_best.pt"
 
+# ------------------------------------------------------------------ the plan
+
+# Minutes of each stage on a 2-core machine (measured: docs/RESULTS.md, "make demo"); the
+# training stages are bounded by their hours (plus their last validation and save).
+STAGES=(data verifier distill drafter bench trace)
+declare -A ESTIMATE=([data]=2 [distill]=6 [trace]=1)
+ESTIMATE[verifier]="$(awk -v h="$VERIFIER_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
+ESTIMATE[drafter]="$(awk -v h="$DRAFTER_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
+if [[ "$PROFILE" == short ]]; then ESTIMATE[bench]=6; else ESTIMATE[bench]=45; fi
+[[ -z "${DEMO_DATA:-}" ]] || ESTIMATE[data]=0
+[[ -z "${VERIFIER:-}" ]] || ESTIMATE[verifier]=0
+
+minutes_from() {  # minutes_from STAGE: the estimates of STAGE and the stages after it
+  local stage total=0 counting=0
+  for stage in "${STAGES[@]}"; do
+    [[ "$stage" == "$1" ]] && counting=1
+    (( counting )) && total=$(( total + ESTIMATE[$stage] ))
+  done
+  printf '%s' "$total"
+}
+
+plan() {
+  local stage line=""
+  for stage in "${STAGES[@]}"; do line+=" $stage ${ESTIMATE[$stage]},"; done
+  printf 'about %s minutes on 2 CPU cores (profile %s; minutes per stage:%s)' \
+    "$(minutes_from data)" "$PROFILE" "${line%,}"
+}
+
+if (( PLAN_ONLY )); then
+  log "make demo: setting up .venv (about 2 minutes, once), then $(plan)"
+  exit 0
+fi
+
 # ------------------------------------------------------------------ stage bookkeeping
 
 mkdir -p "$LOGS"
-[[ -f "$STAGES_TSV" ]] || printf 'run_started\tstage\tseconds\tstatus\n' > "$STAGES_TSV"
+if [[ -f "$STAGES_TSV" && "$(head -n1 "$STAGES_TSV")" != "$STAGES_HEADER" ]]; then
+  mv -f "$STAGES_TSV" "$STAGES_TSV.old"  # an older layout
+fi
+[[ -f "$STAGES_TSV" ]] || printf '%s\n' "$STAGES_HEADER" > "$STAGES_TSV"
 RUN_STARTED="$(date '+%Y-%m-%dT%H:%M:%S')"
 STAGE=""
 STAGE_START=0
+PEAK_FILE="$LOGS/.peak-rss"
 
 # stage_begin NAME MESSAGE: the one log line of a stage, and its clock.
 stage_begin() {
   STAGE="$1"
   STAGE_START="$SECONDS"
+  rm -f "$PEAK_FILE"
   # a run killed outright (no exit trap) leaves its .log.new: keep it as that run's log
   if [[ -f "$LOGS/$1.log.new" ]]; then
     if [[ -f "$LOGS/$1.log" ]]; then mv -f "$LOGS/$1.log" "$LOGS/$1.log.1"; fi
@@ -130,7 +218,9 @@ stage_begin() {
 # this run's output becomes LOGS/<stage>.log (the previous one LOGS/<stage>.log.1) unless the
 # stage was skipped, which leaves the log of the run that did the work
 stage_end() {
-  printf '%s\t%s\t%s\t%s\n' "$RUN_STARTED" "$STAGE" "$((SECONDS - STAGE_START))" "$1" >> "$STAGES_TSV"
+  local seconds=$((SECONDS - STAGE_START)) peak="n/a"
+  [[ -f "$PEAK_FILE" ]] && peak="$(cat "$PEAK_FILE")"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$RUN_STARTED" "$STAGE" "$seconds" "$1" "$peak" >> "$STAGES_TSV"
   local new="$LOGS/$STAGE.log.new" kept="$LOGS/$STAGE.log"
   if [[ -f "$new" ]]; then
     if [[ "$1" == skipped && -f "$kept" ]]; then
@@ -140,6 +230,14 @@ stage_end() {
       mv -f "$new" "$kept"
     fi
   fi
+  if [[ "$1" == ran ]]; then
+    log "stage $STAGE: $(awk -v s="$seconds" 'BEGIN { printf "%.1f", s / 60 }') minutes (planned" \
+      "${ESTIMATE[$STAGE]}), peak memory $peak MB"
+  fi
+  ESTIMATE[$STAGE]=0
+  local next="" stage
+  for stage in "${STAGES[@]}"; do (( ESTIMATE[$stage] > 0 )) && { next="$stage"; break; }; done
+  [[ -z "$next" ]] || log "about $(minutes_from "$next") minutes to go"
   STAGE=""
 }
 
@@ -155,30 +253,57 @@ on_exit() {
       stage_end failed
       log "stage $stage failed (exit status $status)"
     fi
-    if [[ -f "$LOGS/$stage.log" ]]; then log "its output is also in $LOGS/$stage.log"; fi
+    if [[ -f "$LOGS/$stage.log" ]]; then
+      log "the end of its output ($LOGS/$stage.log):"
+      tail -n 15 "$LOGS/$stage.log" >&2
+    fi
   fi
 }
 trap on_exit EXIT
 trap 'INTERRUPTED=1; exit 130' INT
 trap 'INTERRUPTED=1; exit 143' TERM
 
-# logged CMD...: CMD, its stdout and stderr shown and written to LOGS/<current stage>.log.new
-# (stage_end keeps it)
-logged() {
-  "$@" 2>&1 | tee "$LOGS/$STAGE.log.new"
+export PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}"
+PROGRESS=("$PY" -m cmasd.tools.progress)
+
+# measured CMD...: CMD, with the peak memory of its largest process kept for stage_end
+measured() {
+  "${PROGRESS[@]}" run --peak-file "$PEAK_FILE" -- "$@"
 }
+
+# logged CMD...: CMD (measured), its stdout and stderr shown and written to
+# LOGS/<current stage>.log.new (stage_end keeps it)
+logged() {
+  measured "$@" 2>&1 | tee "$LOGS/$STAGE.log.new"
+}
+
+# trained HOURS UPDATES CMD...: a training CMD (measured), its whole output in the stage's
+# log and one line per epoch on the terminal
+trained() {
+  local hours="$1" updates="$2"
+  shift 2
+  measured "$@" 2>&1 | "${PROGRESS[@]}" train --log "$LOGS/$STAGE.log.new" --hours "$hours" \
+    ${updates:+--max-update "$updates"}
+}
+
+log "make demo: $(plan)"
 
 # ------------------------------------------------------------------ 1 data
 
-stage_begin data "Multi30k EN-DE -> $DATA${CMASD_DATA_MIRROR:+ (from the mirror $CMASD_DATA_MIRROR)}"
-if [[ -n "$SPM_MODEL" ]]; then
-  logged bash "$CMASD_ROOT/data-prep/prepare-multi30k.sh" --dest "$DATA" \
-    --spm-model "$SPM_MODEL" --dict "$DICT_FILE"
+if [[ -n "${DEMO_DATA:-}" ]]; then
+  stage_begin data "using DEMO_DATA=$DATA"
+  stage_end skipped
 else
-  logged bash "$CMASD_ROOT/data-prep/prepare-multi30k.sh" --dest "$DATA"
+  stage_begin data "Multi30k EN-DE -> $DATA${CMASD_DATA_MIRROR:+ (from the mirror $CMASD_DATA_MIRROR)}"
+  if [[ -n "$SPM_MODEL" ]]; then
+    logged bash "$CMASD_ROOT/data-prep/prepare-multi30k.sh" --dest "$DATA" \
+      --spm-model "$SPM_MODEL" --dict "$DICT_FILE"
+  else
+    logged bash "$CMASD_ROOT/data-prep/prepare-multi30k.sh" --dest "$DATA"
+  fi
+  # the recipe announces every step it runs with "step: NAME"
+  if grep -q '^\[cmasd prep\] step: ' "$LOGS/data.log.new"; then stage_end ran; else stage_end skipped; fi
 fi
-# the recipe announces every step it runs with "step: NAME"
-if grep -q '^\[cmasd prep\] step: ' "$LOGS/data.log.new"; then stage_end ran; else stage_end skipped; fi
 
 # ------------------------------------------------------------------ 2 verifier
 
@@ -189,10 +314,11 @@ elif [[ -f "$VERIFIER_PT" && -f "$OUT/.verifier-done" ]]; then
   stage_begin verifier "skip: $VERIFIER_PT (done)"
   stage_end skipped
 else
-  stage_begin verifier "training a compact verifier for at most $VERIFIER_HOURS h -> $OUT/verifier"
+  stage_begin verifier "training a $VERIFIER_SIZE verifier for at most $VERIFIER_HOURS h -> $OUT/verifier"
   rm -f "$OUT/.verifier-done"
-  logged bash "$CMASD_ROOT/data-prep/train-verifier.sh" "$DATA" compact \
-    --save-dir "$OUT/verifier" --stop-time-hours "$VERIFIER_HOURS" --no-epoch-checkpoints
+  trained "$VERIFIER_HOURS" "" bash "$CMASD_ROOT/data-prep/train-verifier.sh" "$DATA" "$VERIFIER_SIZE" \
+    --save-dir "$OUT/verifier" --stop-time-hours "$VERIFIER_HOURS" --no-epoch-checkpoints \
+    ${VERIFIER_ARGS[@]+"${VERIFIER_ARGS[@]}"}
   [[ -f "$VERIFIER_PT" ]] || die "training ended without $VERIFIER_PT (see $LOGS/verifier.log)"
   touch "$OUT/.verifier-done"
   stage_end ran
@@ -221,9 +347,9 @@ if [[ -f "$DRAFTER_PT" && -f "$OUT/.drafter-done" ]]; then
 else
   stage_begin drafter "training the drafter for at most $DRAFTER_HOURS h or $DRAFTER_UPDATES updates -> $OUT/drafter"
   rm -f "$OUT/.drafter-done"
-  logged bash "$CMASD_ROOT/data-prep/train-drafter.sh" "$DISTILLED" "$VERIFIER_PT" \
-    --lr 1e-3 --warmup-updates 100 --drafter-cuts 2 --save-dir "$OUT/drafter" --stop-time-hours "$DRAFTER_HOURS" --max-update "$DRAFTER_UPDATES" \
-    --no-epoch-checkpoints
+  trained "$DRAFTER_HOURS" "$DRAFTER_UPDATES" bash "$CMASD_ROOT/data-prep/train-drafter.sh" "$DISTILLED" "$VERIFIER_PT" \
+    --lr 1e-3 --warmup-updates 100 --drafter-cuts 2 --save-dir "$OUT/drafter" --stop-time-hours "$DRAFTER_HOURS" \
+    --max-update "$DRAFTER_UPDATES" --no-epoch-checkpoints ${DRAFTER_ARGS[@]+"${DRAFTER_ARGS[@]}"}
   [[ -f "$DRAFTER_PT" ]] || die "training ended without $DRAFTER_PT (see $LOGS/drafter.log)"
   printf '%s\n' "$DRAFTER_FOR" > "$OUT/.drafter-done"
   stage_end ran
@@ -235,18 +361,38 @@ if [[ -f "$OUT/bench.json" && "$OUT/bench.json" -nt "$DRAFTER_PT" ]]; then
   stage_begin bench "skip: $OUT/bench.json (newer than the drafter)"
   stage_end skipped
 else
-  stage_begin bench "cmasd-bench on the test split, batch sizes $BATCH_SIZES, $REPEATS repeats -> $OUT"
+  stage_begin bench "cmasd-bench on ${MAX_SENTENCES:-all} test sentences, batch sizes $BATCH_SIZES, $REPEATS repeat(s) -> $OUT"
   rm -f "$OUT/bench.json"
-  logged env PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m cmasd.tools.bench "$DATA" \
+  logged "$PY" -m cmasd.tools.bench "$DATA" \
     --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test \
-    --batch-sizes "$BATCH_SIZES" --repeats "$REPEATS" \
+    --batch-sizes "$BATCH_SIZES" --repeats "$REPEATS" ${CONFIGS:+--configs "$CONFIGS"} \
     ${MAX_SENTENCES:+--max-sentences "$MAX_SENTENCES"} --out-dir "$OUT"
   [[ -f "$OUT/bench.json" ]] || die "cmasd-bench wrote no $OUT/bench.json (see $LOGS/bench.log)"
   stage_end ran
 fi
 
-log "done. Stage times: $STAGES_TSV; logs: $LOGS/"
+# ------------------------------------------------------------------ 6 trace
+
+if [[ -f "$OUT/trace.html" && "$OUT/trace.html" -nt "$OUT/bench.json" ]]; then
+  stage_begin trace "skip: $OUT/trace.html (newer than bench.json)"
+  stage_end skipped
+else
+  stage_begin trace "speculative decoding at work on $TRACE_SENTENCES test sentences -> $OUT/trace.html"
+  # lossless SpecDec (k = 5, exact acceptance): every correction is the verifier's own choice
+  measured "$PY" -m cmasd.tools.trace "$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" \
+    --task translation_speculative --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test \
+    --beam 1 --spec-k 5 --spec-acceptance exact --trace-sentences "$TRACE_SENTENCES" \
+    --trace-html "$OUT/trace.html" --no-color > "$LOGS/trace.log.new" 2>&1
+  [[ -f "$OUT/trace.html" ]] || die "cmasd-trace wrote no $OUT/trace.html (see $LOGS/trace.log)"
+  stage_end ran
+fi
+
+log "done. Stage times and memory: $STAGES_TSV; logs: $LOGS/"
 log "  verifier  $VERIFIER_PT"
 log "  drafter   $DRAFTER_PT"
-log "  results   $OUT/bench.md, $OUT/bench.json, $OUT/latency-throughput.png"
+log "  results   $OUT/bench.md, $OUT/bench.json, $OUT/latency-throughput.png, $OUT/trace.html"
 if [[ -f "$OUT/bench.md" ]]; then cat "$OUT/bench.md"; fi
+# the picture, in colour on a terminal
+"$PY" -m cmasd.tools.trace "$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative \
+  --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test --beam 1 --spec-k 5 \
+  --spec-acceptance exact --trace-sentences "$TRACE_SENTENCES" 2>/dev/null || true

@@ -155,7 +155,9 @@ generate_shard() {  # generate_shard SPLIT ID
     --gen-subset "$split" --path "$VERIFIER" --beam "$BEAM" --nbest 1 \
     --batch-size "${BATCH_OF[$split]}" --required-batch-size-multiple 1 \
     --distributed-world-size "$SHARDS" --distributed-rank "$id" \
-    ${DEVICE[@]+"${DEVICE[@]}"} ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"} > "$out.part"
+    ${DEVICE[@]+"${DEVICE[@]}"} ${GENERATE_ARGS[@]+"${GENERATE_ARGS[@]}"} \
+    | "$PY" "$CMASD_ROOT/cmasd/tools/progress.py" count --out "$out.part" --label "$split shard $id" \
+      --total "$(( (COUNT[$split] + SHARDS - 1) / SHARDS ))"
   mv "$out.part" "$out"
   count="$(check_shard "$split" "$out")"
   printf '%s\n%s\n' "${SIGNATURE[$split]}" "$count" > "$marker"

@@ -6,7 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
   cat <<EOF
-Usage: bash data-prep/train-verifier.sh DATASET [base|compact|bart-compact] [fairseq-train options...]
+Usage: bash data-prep/train-verifier.sh DATASET [base|compact|compact-short|bart-compact] [fairseq-train options...]
 
 DATASET   a name under $CMASD_ROOT/data-bin/ (multi30k, wmt14-en-de, ...) or a path to a
           fairseq-preprocess output directory with a train split and a joined dictionary
@@ -19,6 +19,9 @@ SIZE      base (default): --arch transformer_wmt_en_de --share-all-embeddings (6
             embeddings, dropout 0.3, attention-dropout 0.1, weight-decay 1e-4, adam (0.9, 0.98),
             lr 1e-3, inverse_sqrt, 400 warmup updates from 1e-7, label smoothing 0.1,
             max-tokens 4096, seed 1 (fp32; add --fp16 yourself on a GPU)
+          compact-short: compact for runs under an hour (make demo): dropout 0.1, 200 warmup
+            updates, through cmasd's task with bfloat16 autocast where the CPU has it (as
+            bart-compact; decoding it needs --user-dir fairseq_plugins)
           bart-compact: fairseq's BART architecture (--arch bart_base: learned positions,
             layernorm_embedding, GELU, shared embeddings) at 6+6 layers, 256/1024, 4 heads,
             pre-norm (--encoder-normalize-before --decoder-normalize-before, as mBART; trained
@@ -81,6 +84,20 @@ case "$SIZE" in
       --max-tokens 4096 --criterion label_smoothed_cross_entropy --label-smoothing 0.1
       --seed 1
     ) ;;
+  compact-short)
+    RECIPE=(
+      --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative --drafter-cuts 0
+      --arch transformer --share-all-embeddings
+      --encoder-layers 6 --decoder-layers 6
+      --encoder-embed-dim 256 --decoder-embed-dim 256
+      --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
+      --encoder-attention-heads 4 --decoder-attention-heads 4
+      --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.0001
+      --optimizer adam --adam-betas "(0.9,0.98)" --lr 1e-3
+      --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7
+      --max-tokens 4096 --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+      --seed 1
+    ) ;;
   bart-compact)
     RECIPE=(
       --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative --drafter-cuts 0
@@ -96,7 +113,7 @@ case "$SIZE" in
       --max-source-positions 1024 --max-target-positions 1024 --truncate-source
       --seed 1
     ) ;;
-  *) die "unknown size '$SIZE': use base, compact or bart-compact (see --help)" ;;
+  *) die "unknown size '$SIZE': use base, compact, compact-short or bart-compact (see --help)" ;;
 esac
 
 resolve_data_bin "$DATASET"
@@ -129,7 +146,7 @@ else
   log "device: CPU (torch sees no CUDA GPU)"
   DEVICE_ARGS=(--cpu)
   # the recipe that trains through cmasd's task: mixed precision where the CPU has bfloat16
-  if [[ "$SIZE" == bart-compact && "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
+  if [[ "$SIZE" == bart-compact || "$SIZE" == compact-short ]] && [[ "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
     "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
     DEVICE_ARGS+=(--drafter-bf16-autocast)
     log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
@@ -140,7 +157,7 @@ RESUME_ARGS=()
 if [[ -f "$SAVE/checkpoint_last.pt" ]]; then
   user_dir_given=0
   for arg in "$@"; do [[ "$arg" == --user-dir || "$arg" == --user-dir=* ]] && user_dir_given=1; done
-  if (( ! user_dir_given )) && [[ "$SIZE" != bart-compact && -f "$CMASD_ROOT/fairseq_plugins/__init__.py" ]]; then
+  if (( ! user_dir_given )) && [[ "$SIZE" != bart-compact && "$SIZE" != compact-short && -f "$CMASD_ROOT/fairseq_plugins/__init__.py" ]]; then
     RESUME_ARGS=(--user-dir "$CMASD_ROOT/fairseq_plugins")
   fi
   log "resuming from $SAVE/checkpoint_last.pt"

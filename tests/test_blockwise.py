@@ -14,7 +14,7 @@ from conftest import REPO, run
 from fairseq import checkpoint_utils
 from test_drafter import tiny_drafter
 from test_exit_heads import another_verifier
-from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, probe  # noqa: F401
+from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, last_line, probe  # noqa: F401
 from test_untrained import MAX_LEN, decodes_as_greedy
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
@@ -120,4 +120,4 @@ def test_trained_heads_decode_as_beam1(probe, verifier, heads, greedy, batch_siz
 def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
     proc = generate(probe, another_verifier(verifier, tmp_path), "--batch-size", "16", "--drafter-path", heads, "--spec-k", str(K - 1), check=False)
     assert proc.returncode != 0
-    assert "trained for another verifier" in proc.stderr
+    assert "trained for another verifier" in last_line(proc)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import REPO, run
 from fairseq import checkpoint_utils
-from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, probe  # noqa: F401
+from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, last_line, probe  # noqa: F401
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
 from cmasd.models.heads import verifier_fingerprint
@@ -82,7 +82,7 @@ def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path)
     proc = generate(probe, another_verifier(verifier, tmp_path), "--batch-size", "16", "--drafter-kind", "specbound", "--drafter-path", heads,
                     check=False)
     assert proc.returncode != 0
-    assert "trained for another verifier" in proc.stderr
+    assert "trained for another verifier" in last_line(proc)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -93,4 +93,4 @@ def test_specbound_bad_options_are_named(probe, verifier, options, message):  # 
     """Every bound's message: tests/test_specbound.py; here they reach fairseq-generate's user."""
     proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", *options, check=False)
     assert proc.returncode != 0
-    assert message in proc.stderr
+    assert message in last_line(proc)

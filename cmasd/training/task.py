@@ -146,6 +146,7 @@ class TranslationSpeculativeTask(TranslationTask):
         self.complete_datasets = {}  # dataset -> its CompleteBatches (fairseq caches iterators by dataset)
         self.drafters = {}  # (path, device, dtype) -> the drafter model loaded from it
         self.last_generator = None  # what build_generator returned last (its statistics: cmasd.hub)
+        self.log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
@@ -251,5 +252,6 @@ class TranslationSpeculativeTask(TranslationTask):
             if key not in self.drafters:  # a hub interface builds a generator per call
                 self.drafters[key] = load_drafter_model(self.cfg.drafter_path, self, like=like)
             drafter = self.drafters[key]
-        self.last_generator = build_speculative_generator(models, drafter, self, args, self.cfg, seed=self.cfg.seed)
+        self.last_generator = build_speculative_generator(models, drafter, self, args, self.cfg,
+                                                          log_stats=self.log_stats, seed=self.cfg.seed)
         return self.last_generator
