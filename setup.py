@@ -39,6 +39,7 @@ setup(
             "cmasd-tune = cmasd.tools.tune:cli_main",
             "cmasd-prep = cmasd.tools.prep:cli_main",
             "cmasd-rouge = cmasd.tools.rouge:cli_main",
+            "cmasd-trace = cmasd.tools.trace:cli_main",
         ],
     },
 )

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -107,6 +107,19 @@ def now(like: Tensor) -> float:
     return time.perf_counter()
 
 
+class StepRecord(NamedTuple):
+    """What one iteration did, for an observer (``SpeculativeGenerator.observer``); on the
+    CPU. Row r appended ``(tokens[r, :accepted[r]] + [next_token[r]])[:kept[r]]``: fewer
+    than ``accepted + 1`` only where an accepted draft was eos (the row ends there)."""
+
+    ids: Tensor  # (B,) sentence id of each row active in this iteration
+    tokens: Tensor  # (B, W) drafts; row r sent the first k[r] (the rest were not sent)
+    k: Tensor  # (B,) drafts sent per row
+    accepted: Tensor  # (B,) drafts accepted per row
+    next_token: Tensor  # (B,) the verifier's token after them: correction, or bonus when all k were accepted
+    kept: Tensor  # (B,) tokens appended per row, up to and including its first eos
+
+
 class Decoded(NamedTuple):
     """What one ``decode`` call returns."""
 
@@ -127,6 +140,9 @@ class SpeculativeGenerator:
     ``decode`` returns the hypotheses and the statistics of one batch; ``generate`` is
     fairseq's interface (hypotheses only) and adds each batch's statistics to ``stats``,
     the run's, which ``fairseq-generate`` logs at its end.
+
+    ``observer``: None, or a callable given each iteration's ``StepRecord`` (``cmasd-trace``
+    draws the iterations with it); None costs nothing.
     """
 
     def __init__(
@@ -151,6 +167,7 @@ class SpeculativeGenerator:
         self.random = needs.randomness or sampling is not None
         self.seed = seed  # with the sentence ids, of every uniform (--seed)
         self.stats = DecodeStats()
+        self.observer: Optional[Callable[[StepRecord], None]] = None
 
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Any], **kwargs) -> List[List[Dict[str, Tensor]]]:
@@ -271,6 +288,7 @@ class SpeculativeGenerator:
         controller_state = self.controller.observe(state.controller, k, accepted)
         if self.drafter.reads_verifier:  # the states that predicted each row's newest token
             state = replace(state, last_states=states[torch.arange(states.size(0), device=states.device), accepted])
+        ids = state.ids  # (B,) sentence ids of this iteration's rows (``state`` is replaced next)
         state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
@@ -282,6 +300,9 @@ class SpeculativeGenerator:
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         stats.bookkeeping_seconds += t3 - t2
+        if self.observer is not None:
+            self.observer(StepRecord(ids.cpu(), proposal.tokens.cpu(), k.cpu(), accepted.cpu(),
+                                     verdict.next_token.cpu(), gained.cpu()))
         return replace(state, drafter=drafter_state, controller=controller_state), done
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int,
