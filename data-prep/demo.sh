@@ -271,10 +271,11 @@ measured() {
   "${PROGRESS[@]}" run --peak-file "$PEAK_FILE" -- "$@"
 }
 
-# logged CMD...: CMD (measured), its stdout and stderr shown and written to
-# LOGS/<current stage>.log.new (stage_end keeps it)
+# logged CMD...: CMD (measured), its stdout and stderr written to LOGS/<current stage>.log.new
+# (stage_end keeps it); shown: cmasd's own lines and progress bars (fairseq's log stays in the file)
+SHOWN='^\[cmasd prep\]|\] [0-9,]+/[0-9,]+ \(|\| cmasd\.'
 logged() {
-  measured "$@" 2>&1 | tee "$LOGS/$STAGE.log.new"
+  measured "$@" 2>&1 | tee "$LOGS/$STAGE.log.new" | { grep --line-buffered -E "$SHOWN" || true; }
 }
 
 # trained HOURS UPDATES CMD...: a training CMD (measured), its whole output in the stage's

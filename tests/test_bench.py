@@ -67,10 +67,11 @@ def test_bench_has_every_row(bench_json):
 
 
 def test_bench_columns_present_and_finite(bench_json):
-    from cmasd.tools.bench.configs import BEAM_REFERENCES
+    from cmasd.tools.bench.configs import SPEED_REFERENCES
+    from cmasd.tools.bench.report import speedup_key
 
-    # the speed-up over a beam search that did not run
-    absent = {f"speedup_vs_{b}{s}" for b in BEAM_REFERENCES if b not in bench_json["configs"] for s in ("", "_std")}
+    # the speed-up over a reference (a beam search, CTranslate2) that did not run
+    absent = {speedup_key(b) + s for b in SPEED_REFERENCES if b not in bench_json["configs"] for s in ("", "_std")}
     assert "speedup_vs_beam4" in absent and "speedup_vs_beam5" not in absent
     for row in bench_json["rows"]:
         for column in bench_json["columns"]:
@@ -270,6 +271,12 @@ def test_ct2_rows_decode_like_fairseq_greedy(multi30k, ct2_verifier, tmp_path):
     for bs, row in rows_of(record, "ct2-greedy").items():
         assert row["exact_match_vs_greedy"] >= 11 / 12, (bs, row["exact_match_vs_greedy"])
     assert record["configs"]["ct2-greedy-int8"]["options"]["compute_type"] == "int8"
+    # every row's speed-up over CTranslate2's greedy (one repetition: a ratio of seconds)
+    for bs, ct2 in rows_of(record, "ct2-greedy").items():
+        for name in ("greedy", "ct2-greedy", "ct2-greedy-int8"):
+            row = rows_of(record, name)[bs]
+            assert row["speedup_vs_ct2_greedy"] == pytest.approx(ct2["seconds_mean"] / row["seconds_mean"]), (name, bs)
+    assert "× ct2-greedy" in (tmp_path / "first" / "bench.md").read_text()
     assert record["ct2_model"] == f"{ct2_verifier}.ct2" and record["versions"]["ctranslate2"] != "not installed"
     stamp = ct2_verifier.parent / "verifier.pt.ct2" / "cmasd-source.json"
     converted_at = stamp.stat().st_mtime_ns

@@ -84,7 +84,7 @@ def summarize_training(lines: TextIO, log: TextIO, out: TextIO, hours: Optional[
 def bar(done: int, total: int, started: float, label: str) -> str:
     share = min(done / total, 1.0) if total else 0.0
     elapsed = time.monotonic() - started
-    left = f", about {minutes(elapsed * (1 - share) / share)} left" if 0 < share < 1 else ""
+    left = f", about {minutes(elapsed * (1 - share) / share)} left" if 0.05 <= share < 1 else ""
     filled = int(30 * share)
     return f"{label} [{'#' * filled}{'.' * (30 - filled)}] {done:,}/{total:,} ({minutes(elapsed)}{left})"
 
@@ -106,8 +106,9 @@ def count_lines(lines: TextIO, out: TextIO, err: TextIO, pattern: str, total: in
                 shown = done * 10 // total
                 print(bar(done, total, started, label), file=err, flush=True)
     out.flush()
-    err.write(("\r" if tty else "") + bar(done, total, started, label) + "\n")
-    err.flush()
+    if tty or shown != 10:  # the final bar, unless the last tenth was just drawn
+        err.write(("\r" if tty else "") + bar(done, total, started, label) + "\n")
+        err.flush()
     return done
 
 

@@ -9,7 +9,9 @@ FLOOR = "floor"
 GREEDY = "greedy"
 BEAM5 = "beam5"
 BEAM4 = "beam4"
-BEAM_REFERENCES = (BEAM5, BEAM4)  # each that runs gets its speed-up column
+CT2_GREEDY = "ct2-greedy"
+# each that runs gets its speed-up column, "speedup_vs_" + its name with "_" for "-"
+SPEED_REFERENCES = (BEAM5, BEAM4, CT2_GREEDY)
 CTRANSLATE2 = "ctranslate2"
 
 # The drafter a speculative configuration drafts with, and the command-line option that

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 
-from cmasd.tools.bench.configs import BEAM_REFERENCES, FLOOR, GREEDY, BenchConfig
+from cmasd.tools.bench.configs import FLOOR, GREEDY, SPEED_REFERENCES, BenchConfig
 from cmasd.tools.bench.loading import Setup
 from cmasd.tools.bench.measure import Measurements
 from cmasd.tools.bench.scoring import ROUGE_KEYS, References, TextTools, bleu, quality_columns
@@ -58,6 +58,9 @@ COLUMNS: Dict[str, str] = {
     "speedup_vs_beam4": "beam4 seconds / these seconds, mean of per-repetition ratios (n/a without beam4: the "
     "beam of fairseq's BART CNN/DM recipe)",
     "speedup_vs_beam4_std": "its standard deviation",
+    "speedup_vs_ct2_greedy": "ct2-greedy (CTranslate2) seconds / these seconds, mean of per-repetition ratios "
+    "(n/a without ct2-greedy)",
+    "speedup_vs_ct2_greedy_std": "its standard deviation",
     "speedup_vs_greedy": "greedy seconds / these seconds, mean of per-repetition ratios",
     "speedup_vs_greedy_std": "its standard deviation",
     "x_floor": "these seconds / the floor's seconds, mean of per-repetition ratios",
@@ -98,13 +101,18 @@ def mean_stats(summaries: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def speedup_key(reference: str) -> str:
+    """The speed-up column over ``reference`` (one of ``SPEED_REFERENCES``)."""
+    return "speedup_vs_" + reference.replace("-", "_")
+
+
 def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: int, batches: int,
                    beams: Sequence[str]) -> Dict[str, Any]:
     """Seconds, throughput, latency and speed-ups of one row (over each beam search of
-    ``BEAM_REFERENCES`` that ran: ``beams``)."""
+    ``SPEED_REFERENCES`` that ran: ``beams``)."""
     secs = m.seconds(name, bs)
     mean, std = mean_std(secs)
-    beam = {ref: ratios(m.seconds(ref, bs), secs) if ref in beams else (None, None) for ref in BEAM_REFERENCES}
+    beam = {ref: ratios(m.seconds(ref, bs), secs) if ref in beams else (None, None) for ref in SPEED_REFERENCES}
     greedy = ratios(m.seconds(GREEDY, bs), secs)
     return {
         "tokens": tokens,
@@ -113,8 +121,8 @@ def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: 
         "tokens_per_second": tokens / mean if mean > 0 else math.nan,
         "ms_per_sentence": 1000.0 * mean / sentences,
         "ms_per_batch": 1000.0 * mean / batches,
-        **{f"speedup_vs_{ref}": beam[ref][0] for ref in BEAM_REFERENCES},
-        **{f"speedup_vs_{ref}_std": beam[ref][1] for ref in BEAM_REFERENCES},
+        **{f"{speedup_key(ref)}": beam[ref][0] for ref in SPEED_REFERENCES},
+        **{f"{speedup_key(ref)}_std": beam[ref][1] for ref in SPEED_REFERENCES},
         "speedup_vs_greedy": greedy[0],
         "speedup_vs_greedy_std": greedy[1],
         "x_floor": ratios(secs, m.seconds(FLOOR, bs))[0],
@@ -176,7 +184,7 @@ def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, beams: Sequ
 def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, refs: References,
               batch_counts: Mapping[int, int]) -> List[Dict[str, Any]]:
     """Every configuration at every batch size, then the floor, in order."""
-    beams = [c.name for c in configs if c.name in BEAM_REFERENCES]
+    beams = [c.name for c in configs if c.name in SPEED_REFERENCES]
     rows = []
     for bs, n_batches in batch_counts.items():
         rows += [decoder_row(c, bs, m, text, refs, n_batches, beams) for c in configs]
@@ -212,6 +220,7 @@ TABLE: List[Tuple[str, str, str]] = [  # (column, header, format)
     ("ms_per_batch", "ms/batch", ".1f"),
     ("speedup_vs_beam5", "× beam5", "×"),
     ("speedup_vs_beam4", "× beam4", "×"),
+    ("speedup_vs_ct2_greedy", "× ct2-greedy", "×"),
     ("speedup_vs_greedy", "× greedy", "×"),
     ("x_floor", "× floor time", ".2f"),
 ]
@@ -236,7 +245,7 @@ def cell(row: Dict[str, Any], column: str, fmt: str) -> str:
 def markdown_table(rows: Sequence[Dict[str, Any]], metric: str) -> str:
     """The rows as a markdown table; a speed-up over a beam search that did not run, and the
     exit columns where no row exits early, are left out."""
-    absent = {f"speedup_vs_{ref}" for ref in BEAM_REFERENCES if all(r.get(f"speedup_vs_{ref}") is None for r in rows)}
+    absent = {speedup_key(ref) for ref in SPEED_REFERENCES if all(r.get(speedup_key(ref)) is None for r in rows)}
     absent |= {c for c in ("mean_exit_layer", "layers_skipped") if all(r.get(c) is None for r in rows)}
     shown = [(c, h, f) for c, h, f in TABLE if c in columns(metric) and c not in absent]
     lines = ["| " + " | ".join(h for _, h, _ in shown) + " |", "|" + "---|" * len(shown)]
