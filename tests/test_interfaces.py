@@ -190,9 +190,9 @@ def test_train_option_error_is_one_line(multi30k, tmp_path):
     assert "none.pt" in line
 
 
-def test_bench_option_error_from_the_library_is_one_line(probe, verifier, drafter, tmp_path):
+def test_bench_option_error_from_the_library_is_one_line(multi30k, verifier, drafter, tmp_path):
     line = one_line_error(
-        [BIN / "cmasd-bench", probe, "--path", verifier, "--drafter-path", drafter, "--configs", "cmasd-k4",
+        [BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--configs", "cmasd-k4",
          "--set", "cmasd_weights=0.5,0.5,0.5", "--batch-sizes", "1", "--repeats", "1", "--max-sentences", "2",
          "--out-dir", tmp_path],
         "cmasd-bench")

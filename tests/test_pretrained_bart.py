@@ -164,3 +164,23 @@ def test_a_missing_bpe_file_is_named(zoo_bart, tmp_path):
         capture_output=True, text=True, cwd=REPO, env=tool_env())
     assert proc.returncode != 0
     assert f"--gpt2-encoder-json: file not found: {tmp_path / 'missing.json'}" in proc.stderr
+
+
+def test_the_python_api_loads_a_zoo_bart_with_its_gpt2_bpe(zoo_bart):
+    """``cmasd.from_pretrained`` on the zoo's layout (model.pt, dict.txt, encoder.json,
+    vocab.bpe): raw text in, fairseq-generate's detokenized output out, with and without
+    lookups drafting."""
+    from cmasd import from_pretrained
+
+    model_dir, data = zoo_bart
+    sources = (data.parent / "text" / "test.raw.en").read_text().splitlines()
+    greedy = generate(model_dir, data)
+    assert greedy.returncode == 0, greedy.stderr[-3000:]
+    expected = {int(line.split("\t")[0][2:]): line.split("\t")[2]
+                for line in greedy.stdout.splitlines() if line.startswith("D-")}
+    plain = from_pretrained(str(model_dir), max_len_b=40)
+    speculative = from_pretrained(str(model_dir), max_len_b=40, spec_source_ngram=1, spec_k=4,
+                                  spec_acceptance="exact")
+    assert plain.translate(sources) == [expected[i] for i in range(SENTENCES)]
+    assert speculative.translate(sources) == [expected[i] for i in range(SENTENCES)]
+    assert speculative.last_stats.summary()["source_draft_rate"] > 0
