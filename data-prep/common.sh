@@ -38,8 +38,19 @@
 #                             (absolute), WIDTH (the verifier's embedding width) and the array
 #                             DEVICE_OPTIONS: --cpu without CUDA, and --drafter-bf16-autocast on
 #                             a CPU with native bfloat16 (not with CMASD_DRAFTER_FP32=1)
+#
+# CMASD_LOW_MEMORY=1 makes every recipe's python run with glibc's malloc returning large
+# blocks to the system (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ at 1 MiB,
+# MALLOC_ARENA_MAX=2): fairseq-train's resident memory on a CPU grows well past what its
+# tensors use, because glibc keeps freed activations of every batch shape in its heap.
+# Measured on the demo's drafter (80 updates): peak 6.4 GB -> 2.5 GB, but 0.98 -> 0.65
+# updates/s (docs/RESULTS.md); hence off by default.
 
 set -euo pipefail
+
+if [[ "${CMASD_LOW_MEMORY:-0}" == 1 ]]; then
+  export MALLOC_MMAP_THRESHOLD_=1048576 MALLOC_TRIM_THRESHOLD_=1048576 MALLOC_ARENA_MAX=2
+fi
 
 CMASD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 

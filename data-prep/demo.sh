@@ -37,7 +37,7 @@ stopped (paths relative to the repository root):
 
 Profiles (DEMO_PROFILE):
   short (default)  under an hour on 2 CPU cores, setup included (--plan prints the estimate of
-                   each stage): a 21-minute verifier (compact-short: bfloat16 autocast where the
+                   each stage): a 24-minute verifier (compact-short: bfloat16 autocast where the
                    CPU has it), a 12-minute drafter, a bench of 6 configurations on 300 test
                    sentences at batch 1 and 16, one recorded pass
   full             about 3 hours: a one-hour verifier (compact), a one-hour drafter,
@@ -50,7 +50,7 @@ Environment (each wins over the profile):
   DEMO_DATA             a data-bin to use instead of preparing Multi30k (train, valid and test
                         splits; dict.txt, spm.model and raw/test.* beside them)
   DEMO_OUT              where checkpoints, results and logs go (default checkpoints/demo)
-  DEMO_VERIFIER_HOURS   fairseq-train --stop-time-hours of the verifier (short 0.35, full 1.0)
+  DEMO_VERIFIER_HOURS   fairseq-train --stop-time-hours of the verifier (short 0.4, full 1.0)
   DEMO_DRAFTER_HOURS    fairseq-train --stop-time-hours of the drafter (short 0.2, full 1.0)
   DEMO_DRAFTER_UPDATES  fairseq-train --max-update of the drafter (default 30000)
   DEMO_VERIFIER_ARGS, DEMO_DRAFTER_ARGS
@@ -65,6 +65,9 @@ Environment (each wins over the profile):
   CMASD_DATA_MIRROR     local mirror of the data (see prepare-multi30k.sh --help); default:
                         the shared/data folder beside the repository when it holds multi30k/
   CMASD_PYTHON          python with fairseq (default .venv/bin/python)
+  CMASD_LOW_MEMORY=1    glibc's malloc returns freed memory (data-prep/common.sh): over 80
+                        updates of the drafter, 2.5 GB peak instead of 6.4 (10.6 over the
+                        whole default stage), at two thirds of the updates per second
 
 Skipping: data and distill are idempotent scripts; verifier: its checkpoint and the marker
 checkpoints/demo/.verifier-done; drafter: its checkpoint and checkpoints/demo/.drafter-done
@@ -95,7 +98,7 @@ esac
 PROFILE="${DEMO_PROFILE:-short}"
 case "$PROFILE" in
   # verifier hours, drafter hours, repeats, sentences, configurations, verifier recipe
-  short) DEFAULTS=(0.35 0.2 1 300 "beam5,greedy,ct2-greedy,loop-greedy,specdec-k5-exact,cmasd-k8" compact-short) ;;
+  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,loop-greedy,specdec-k5-exact,cmasd-k8" compact-short) ;;
   full) DEFAULTS=(1.0 1.0 2 "" "" compact) ;;
   *) die "bad DEMO_PROFILE=$PROFILE: expected short or full" ;;
 esac
@@ -161,7 +164,7 @@ DRAFTER_PT="$OUT/drafter/checkpoint_best.pt"
 # Minutes of each stage on a 2-core machine (measured: docs/RESULTS.md, "make demo"); the
 # training stages are bounded by their hours (plus their last validation and save).
 STAGES=(data verifier distill drafter bench trace)
-declare -A ESTIMATE=([data]=2 [distill]=6 [trace]=1)
+declare -A ESTIMATE=([data]=2 [distill]=5 [trace]=1)
 ESTIMATE[verifier]="$(awk -v h="$VERIFIER_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
 ESTIMATE[drafter]="$(awk -v h="$DRAFTER_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
 if [[ "$PROFILE" == short ]]; then ESTIMATE[bench]=6; else ESTIMATE[bench]=45; fi
