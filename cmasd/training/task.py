@@ -143,7 +143,7 @@ class TranslationSpeculativeTask(TranslationTask):
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self.complete_datasets = {}  # dataset -> its CompleteBatches (fairseq caches iterators by dataset)
+        self.complete_datasets = {}  # split dataset -> its CompleteBatches (fairseq caches iterators by dataset)
         self.drafters = {}  # (path, device, dtype) -> the drafter model loaded from it
         self.last_generator = None  # what build_generator returned last (its statistics: cmasd.hub)
         self.log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
@@ -188,9 +188,11 @@ class TranslationSpeculativeTask(TranslationTask):
         (``CompleteBatches``) whatever ``--batch-size``, ``--max-tokens`` and
         ``--required-batch-size-multiple``; raw inputs too long for the model are cut to
         fit (``fit_sources``) unless ``--skip-invalid-size-inputs-valid-test`` skips them."""
-        if hasattr(dataset, "raw_sources") and max_positions is not None and not ignore_invalid_inputs:
-            dataset = self.fit_sources(dataset, max_positions)
-        if not isinstance(dataset, CompleteBatches):
+        if hasattr(dataset, "raw_sources"):  # used once: not kept
+            if max_positions is not None and not ignore_invalid_inputs:
+                dataset = self.fit_sources(dataset, max_positions)
+            dataset = CompleteBatches(dataset)
+        elif not isinstance(dataset, CompleteBatches):
             if dataset not in self.complete_datasets:
                 self.complete_datasets[dataset] = CompleteBatches(dataset)
             dataset = self.complete_datasets[dataset]
