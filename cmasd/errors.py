@@ -24,8 +24,9 @@ class MissingFileError(UsageError, FileNotFoundError):
     """A file the user named does not exist."""
 
 
-def one_line(prog: str, error: BaseException) -> str:
-    """The argparse-style report of ``error``."""
+def one_line(prog: str, error) -> str:
+    """The argparse-style report of ``error`` (an exception or a message), as every cmasd
+    program prints it."""
     return f"{prog}: error: {error}"
 
 

@@ -61,6 +61,7 @@ for arg in "$@"; do
   [[ "$arg" == -h || "$arg" == --help ]] && { usage; exit 0; }
 done
 
+VIA_TASK=0
 case "$SIZE" in
   base)
     RECIPE=(
@@ -71,36 +72,24 @@ case "$SIZE" in
       --criterion label_smoothed_cross_entropy --label-smoothing 0.1
       --max-tokens 4096 --seed 1
     ) ;;
-  compact)
+  compact|compact-short)
+    # compact-short: the same model with a schedule for runs under an hour
+    if [[ "$SIZE" == compact ]]; then dropout=0.3 warmup=400; else dropout=0.1 warmup=200 VIA_TASK=1; fi
     RECIPE=(
       --arch transformer --share-all-embeddings
       --encoder-layers 6 --decoder-layers 6
       --encoder-embed-dim 256 --decoder-embed-dim 256
       --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
       --encoder-attention-heads 4 --decoder-attention-heads 4
-      --dropout 0.3 --attention-dropout 0.1 --weight-decay 0.0001
+      --dropout "$dropout" --attention-dropout 0.1 --weight-decay 0.0001
       --optimizer adam --adam-betas "(0.9,0.98)" --lr 1e-3
-      --lr-scheduler inverse_sqrt --warmup-updates 400 --warmup-init-lr 1e-7
-      --max-tokens 4096 --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-      --seed 1
-    ) ;;
-  compact-short)
-    RECIPE=(
-      --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative --drafter-cuts 0
-      --arch transformer --share-all-embeddings
-      --encoder-layers 6 --decoder-layers 6
-      --encoder-embed-dim 256 --decoder-embed-dim 256
-      --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
-      --encoder-attention-heads 4 --decoder-attention-heads 4
-      --dropout 0.1 --attention-dropout 0.1 --weight-decay 0.0001
-      --optimizer adam --adam-betas "(0.9,0.98)" --lr 1e-3
-      --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7
+      --lr-scheduler inverse_sqrt --warmup-updates "$warmup" --warmup-init-lr 1e-7
       --max-tokens 4096 --criterion label_smoothed_cross_entropy --label-smoothing 0.1
       --seed 1
     ) ;;
   bart-compact)
+    VIA_TASK=1
     RECIPE=(
-      --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative --drafter-cuts 0
       --arch bart_base --encoder-normalize-before --decoder-normalize-before
       --encoder-layers 6 --decoder-layers 6
       --encoder-embed-dim 256 --decoder-embed-dim 256
@@ -115,6 +104,10 @@ case "$SIZE" in
     ) ;;
   *) die "unknown size '$SIZE': use base, compact, compact-short or bart-compact (see --help)" ;;
 esac
+# the recipes that train through cmasd's task (decoding them needs --user-dir too)
+if (( VIA_TASK )); then
+  RECIPE=(--user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative --drafter-cuts 0 "${RECIPE[@]}")
+fi
 
 resolve_data_bin "$DATASET"
 shopt -s nullglob
@@ -146,7 +139,7 @@ else
   log "device: CPU (torch sees no CUDA GPU)"
   DEVICE_ARGS=(--cpu)
   # the recipe that trains through cmasd's task: mixed precision where the CPU has bfloat16
-  if [[ "$SIZE" == bart-compact || "$SIZE" == compact-short ]] && [[ "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
+  if (( VIA_TASK )) && [[ "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
     "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
     DEVICE_ARGS+=(--drafter-bf16-autocast)
     log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
@@ -157,7 +150,7 @@ RESUME_ARGS=()
 if [[ -f "$SAVE/checkpoint_last.pt" ]]; then
   user_dir_given=0
   for arg in "$@"; do [[ "$arg" == --user-dir || "$arg" == --user-dir=* ]] && user_dir_given=1; done
-  if (( ! user_dir_given )) && [[ "$SIZE" != bart-compact && "$SIZE" != compact-short && -f "$CMASD_ROOT/fairseq_plugins/__init__.py" ]]; then
+  if (( ! user_dir_given && ! VIA_TASK )) && [[ -f "$CMASD_ROOT/fairseq_plugins/__init__.py" ]]; then
     RESUME_ARGS=(--user-dir "$CMASD_ROOT/fairseq_plugins")
   fi
   log "resuming from $SAVE/checkpoint_last.pt"

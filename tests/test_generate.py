@@ -368,13 +368,13 @@ def test_outputs_longer_than_the_first_cache_stay_lossless(probe, verifier, draf
     assert_same_hypotheses(hypotheses(proc.stdout), long_greedy)
 
 
-def last_line(proc):
-    """The one-line error of a refused run: ``fairseq-generate: error: MESSAGE`` as the
-    last line of stderr, exit status non-zero, and no traceback (cmasd.errors)."""
+def last_line(proc, prog="fairseq-generate"):
+    """The one-line error of a refused run: ``PROG: error: MESSAGE`` as the last line of
+    stderr, exit status non-zero, and no traceback (cmasd.errors)."""
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("fairseq-generate: error: "), line
+    assert line.startswith(f"{prog}: error: "), line
     return line
 
 

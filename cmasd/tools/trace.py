@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 from cmasd.decoding.generator import SpeculativeGenerator, StepRecord
+from cmasd.errors import one_line
 
 PROG = "cmasd-trace"
 logger = logging.getLogger("cmasd.trace")
@@ -323,7 +324,7 @@ class TraceError(Exception):
 
 
 def fail(message: str) -> typing.NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(one_line(PROG, message), file=sys.stderr)
     sys.exit(2)
 
 

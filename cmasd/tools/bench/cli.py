@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from cmasd.decoding.kernels import shared_linears
-from cmasd.errors import UsageError
+from cmasd.errors import UsageError, one_line
 from cmasd.tools.bench.configs import (
     CONFIGS,
     CTRANSLATE2,
@@ -83,7 +83,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def fail(prog: str, message: str) -> typing.NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(one_line(prog, message), file=sys.stderr)
     sys.exit(2)
 
 
