@@ -32,8 +32,8 @@ stopped (paths relative to the repository root):
   5 bench     cmasd-bench on the test split -> checkpoints/demo/bench.md, bench.json,
               latency-throughput.png; the table is printed at the end
   6 trace     cmasd-trace on a few test sentences: each iteration's drafts, which were
-              accepted and where the verifier corrected, in colour and as
-              checkpoints/demo/trace.html
+              accepted and where the verifier corrected -> checkpoints/demo/trace.html
+              and trace.ansi (the terminal's picture, printed at the end)
 
 Profiles (DEMO_PROFILE):
   short (default)  under an hour on 2 CPU cores, setup included (--plan prints the estimate of
@@ -377,16 +377,17 @@ fi
 
 # ------------------------------------------------------------------ 6 trace
 
-if [[ -f "$OUT/trace.html" && "$OUT/trace.html" -nt "$OUT/bench.json" ]]; then
+if [[ -f "$OUT/trace.html" && -f "$OUT/trace.ansi" && "$OUT/trace.html" -nt "$OUT/bench.json" ]]; then
   stage_begin trace "skip: $OUT/trace.html (newer than bench.json)"
   stage_end skipped
 else
-  stage_begin trace "speculative decoding at work on $TRACE_SENTENCES test sentences -> $OUT/trace.html"
-  # lossless SpecDec (k = 5, exact acceptance): every correction is the verifier's own choice
+  stage_begin trace "speculative decoding at work on $TRACE_SENTENCES test sentences -> $OUT/trace.html, $OUT/trace.ansi"
+  # lossless SpecDec (k = 5, exact acceptance): every correction is the verifier's own choice;
+  # the terminal's picture (ANSI colours) goes to trace.ansi, shown at the end
   measured "$PY" -m cmasd.tools.trace "$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" \
     --task translation_speculative --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test \
     --beam 1 --spec-k 5 --spec-acceptance exact --trace-sentences "$TRACE_SENTENCES" \
-    --trace-html "$OUT/trace.html" --no-color > "$LOGS/trace.log.new" 2>&1
+    --trace-html "$OUT/trace.html" --color always > "$OUT/trace.ansi" 2> "$LOGS/trace.log.new"
   [[ -f "$OUT/trace.html" ]] || die "cmasd-trace wrote no $OUT/trace.html (see $LOGS/trace.log)"
   stage_end ran
 fi
@@ -394,9 +395,11 @@ fi
 log "done. Stage times and memory: $STAGES_TSV; logs: $LOGS/"
 log "  verifier  $VERIFIER_PT"
 log "  drafter   $DRAFTER_PT"
-log "  results   $OUT/bench.md, $OUT/bench.json, $OUT/latency-throughput.png, $OUT/trace.html"
+log "  results   $OUT/bench.md, $OUT/bench.json, $OUT/latency-throughput.png, $OUT/trace.html, $OUT/trace.ansi"
 if [[ -f "$OUT/bench.md" ]]; then cat "$OUT/bench.md"; fi
-# the picture, in colour on a terminal
-"$PY" -m cmasd.tools.trace "$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative \
-  --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test --beam 1 --spec-k 5 \
-  --spec-acceptance exact --trace-sentences "$TRACE_SENTENCES" 2>/dev/null || true
+# the picture, in colour on a terminal (the same in trace.html)
+if [[ -t 1 ]]; then
+  cat "$OUT/trace.ansi"
+else
+  log "the picture: $OUT/trace.html (in colour in a terminal: less -R $OUT/trace.ansi)"
+fi

@@ -4,6 +4,7 @@ contain and that lossless decoding is lossless. Speed is never asserted."""
 
 import json
 import math
+import re
 import shutil
 import statistics
 import subprocess
@@ -44,10 +45,11 @@ def not_applicable(row):
 @pytest.fixture(scope="module")
 def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path", ar_drafter,
+    proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path", ar_drafter,
          "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
          "--repeats", "1", "--warmup", "1", "--configs", ",".join(BENCH_CONFIGS),
          "--threads", "1", "--out-dir", out])
+    (out / "stderr.txt").write_text(proc.stderr)
     return out
 
 
@@ -158,6 +160,19 @@ def test_bench_records_how_it_ran(bench_json):
     assert bench_json["threads"] == 1
     assert bench_json["configs"]["cmasd"]["options"]["spec_controller"] == "cmasd"
     assert bench_json["configs"]["specdec-k10-exact"]["options"]["spec_acceptance"] == "exact"
+
+
+def test_bench_draws_its_progress_to_the_end(bench_out):
+    """Each run's line carries a bar of the sentences decoded of all runs (the warm-up's and
+    the floor's included); it ends full, so its total counted the runs that happened."""
+    bars = re.findall(r"sentences \[[#.]{30}\] ([0-9,]+)/([0-9,]+) \(", (bench_out / "stderr.txt").read_text())
+    done = [int(d.replace(",", "")) for d, _ in bars]
+    totals = {int(t.replace(",", "")) for _, t in bars}
+    # every configuration in the warm-up and the recorded pass; the floor in the recorded pass
+    # only (the warm-up decodes 8 batches, and the floor follows a whole pass of greedy's)
+    runs = len(BENCH_CONFIGS) * len(BATCH_SIZES) * 2 + len(BATCH_SIZES)
+    assert len(bars) == runs and len(totals) == 1
+    assert done == sorted(done) and done[-1] == totals.pop()
 
 
 def test_bench_writes_table_and_figure(bench_out):

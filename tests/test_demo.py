@@ -71,4 +71,7 @@ def test_demo_runs_every_stage_and_reports_time_memory_and_the_trace(small_data,
     html = (out / "trace.html").read_text()
     test_sources = (small_data / "raw" / "test.en").read_text().splitlines()
     assert all(source.split()[0] in html for source in test_sources[:2])
+    picture = (out / "trace.ansi").read_text()  # shown at the end on a terminal, kept in colour
+    assert "\033[" in picture and all(source.split()[0] in picture for source in test_sources[:2])
+    assert "less -R" in output  # not a terminal here: the demo says where the picture is
     assert (out / "latency-throughput.png").stat().st_size > 0

@@ -5,11 +5,14 @@ training-data helpers (cut points, block labels, glancing, acceptance length).""
 import argparse
 import copy
 import os
+import subprocess
+import sys
 import types
 
 import pytest
 import torch
 from fairseq.data import Dictionary, LanguagePairDataset
+from conftest import REPO
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from cmasd.training.criterion import accepted_lengths, block_labels, glance_tokens, glat_ratio, parse_glat_schedule
@@ -335,6 +338,53 @@ def test_bf16_autocast_covers_the_training_forward_pass(autocast):
     task.train_step(torch.randn(2, 4), model, criterion, Optimizer(), update_num=0)
     assert seen["dtype"] == (torch.bfloat16 if autocast else torch.float32)
     assert model.weight.dtype == model.weight.grad.dtype == torch.float32
+
+
+def test_bf16_training_bounds_onednn_primitive_cache(monkeypatch):
+    """The task of a ``--drafter-bf16-autocast`` run bounds oneDNN's primitive cache unless
+    the user set it."""
+    from cmasd.training import task as task_module
+
+    for name in task_module.ONEDNN_CACHE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    dictionary = tiny_dictionary()
+    task_module.TranslationSpeculativeTask(types.SimpleNamespace(drafter_bf16_autocast=False), dictionary, dictionary)
+    assert not any(name in os.environ for name in task_module.ONEDNN_CACHE_VARIABLES)
+    task_module.TranslationSpeculativeTask(types.SimpleNamespace(drafter_bf16_autocast=True), dictionary, dictionary)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(task_module.BF16_ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "300")  # the user's choice stays
+    task_module.bound_onednn_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "300"
+
+
+SHAPES_UNDER_AUTOCAST = """
+import resource, sys, torch
+from cmasd.training.task import bound_onednn_cache
+if sys.argv[1] == "bounded":
+    bound_onednn_cache()
+torch.manual_seed(0)
+weight = torch.randn(1024, 256, requires_grad=True)
+for n in range(1, 250):  # a batch shape of its own each step, as in training
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.nn.functional.linear(torch.randn(n * 7 % 2000 + 1, 256), weight)
+    out.float().sum().backward()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no native bfloat16 on this CPU")
+def test_bounded_onednn_cache_keeps_bf16_training_memory_flat():
+    """Under bfloat16 autocast each new shape leaves a oneDNN primitive and its memory in
+    the cache; bounded, the same steps need far less memory."""
+    peaks = {}
+    for mode in ("bounded", "default"):
+        env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+                                                                 "DNNL_PRIMITIVE_CACHE_CAPACITY")}
+        proc = subprocess.run([sys.executable, "-c", SHAPES_UNDER_AUTOCAST, mode], capture_output=True, text=True,
+                              env=env, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        peaks[mode] = int(proc.stdout.split()[-1])  # KiB
+    assert peaks["bounded"] < 0.6 * peaks["default"], peaks
 
 
 def test_dictionary_mismatch_is_refused_clearly():

@@ -85,6 +85,21 @@ def test_a_trace_that_does_not_rebuild_its_hypothesis_is_refused():
         tr.check(tr.SentenceTrace(0, (first, ends), (4, 8, 5, 7, eos)))
 
 
+@pytest.mark.parametrize("argv, tty, no_color, expected", [
+    ([], True, False, True), ([], False, False, False), ([], True, True, False),
+    (["--color", "always"], False, True, True), (["--color", "never"], True, False, False),
+    (["--no-color"], True, False, False),
+])
+def test_colours_follow_the_terminal_unless_told(monkeypatch, argv, tty, no_color, expected):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    else:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    args, _ = tr.build_parser().parse_known_args(argv)
+    assert tr.use_color(args) is expected
+
+
 def test_cli_prints_a_block_per_sentence_and_writes_the_page(multi30k, verifier, drafter, tmp_path):
     page = tmp_path / "trace.html"
     argv = generation_args(multi30k, verifier, "--drafter-path", drafter, *SPEC,

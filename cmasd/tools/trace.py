@@ -2,15 +2,15 @@
 
     cmasd-trace DATA --user-dir fairseq_plugins --task translation_speculative \\
         --path VERIFIER.pt --drafter-path DRAFTER.pt [--spec-* ...] [--gen-subset test] \\
-        [--trace-sentences 3 | --trace-ids 0,7,12] [--trace-html trace.html] [--no-color]
+        [--trace-sentences 3 | --trace-ids 0,7,12] [--trace-html trace.html] [--color auto|always|never]
 
 Decodes a few sentences of a split one at a time with the speculative generator that
 ``fairseq-generate`` would build from the same options, and shows every iteration of each:
 the drafts sent, which the verifier accepted (green) and rejected (red, struck through),
 and the verifier's own token after them (bold: yellow a correction, cyan a bonus after a
-fully accepted draft). Printed to stdout (plain text with markers when stdout is not a
-terminal, or with ``--no-color`` or ``NO_COLOR``); ``--trace-html`` also writes a
-self-contained HTML page.
+fully accepted draft). Printed to stdout: in colour on a terminal or with ``--color always``, as plain text with
+markers otherwise (and with ``--color never``, ``--no-color`` or ``NO_COLOR``);
+``--trace-html`` also writes a self-contained HTML page.
 
 The library side: ``trace_batches`` decodes fairseq samples with the generator's
 ``observer`` set and returns one ``SentenceTrace`` per sentence, checked against the
@@ -343,7 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--trace-ids", metavar="IDS",
                        help="comma-separated sentence ids of --gen-subset to trace instead")
     group.add_argument("--trace-html", metavar="PATH", help="also write the picture as a self-contained HTML page")
-    group.add_argument("--no-color", action="store_true", help="plain text, no ANSI colours (so does NO_COLOR)")
+    group.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                       help="ANSI colours: on a terminal (auto, the default; NO_COLOR turns them off), "
+                            "always (e.g. into a file for `less -R`), or never (plain text with markers)")
+    group.add_argument("--no-color", dest="color", action="store_const", const="never", help="the same as --color never")
     return parser
 
 
@@ -442,7 +445,9 @@ def sentence_batches(task, models, cfg, ids: Sequence[int], batch_size: int = 1)
 
 
 def use_color(args) -> bool:
-    return sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR")
+    if args.color != "auto":
+        return args.color == "always"
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def run(args, command: str = PROG) -> List[SentenceTrace]:

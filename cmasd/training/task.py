@@ -59,6 +59,23 @@ def fixed_cuts(length: int, cuts: int) -> np.ndarray:
     return 1 + (np.arange(cuts) * length) // cuts
 
 
+# oneDNN's primitive cache under bfloat16 autocast on a CPU: see bound_onednn_cache
+ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+BF16_ONEDNN_CACHE_CAPACITY = 16
+
+
+def bound_onednn_cache(capacity: int = BF16_ONEDNN_CACHE_CAPACITY) -> None:
+    """Keep at most ``capacity`` oneDNN primitives (default 1024) unless the environment sets it.
+
+    Under bfloat16 autocast on a CPU, PyTorch runs the matrix products through oneDNN, which
+    caches a primitive per shape, with memory of its own; each training batch has shapes of
+    its own, so the cache grows with every update (the demo's drafter: 10.6 GB after 577
+    updates of a 13M-parameter model, docs/RESULTS.md). oneDNN reads the variable when it
+    creates its first primitive, hence here, before the first training step."""
+    if not any(name in os.environ for name in ONEDNN_CACHE_VARIABLES):
+        os.environ[ONEDNN_CACHE_VARIABLES[0]] = str(capacity)
+
+
 class BlockCutDataset(BaseWrapperDataset):
     """Adds ``block_starts`` (B, cuts) to each batch of a ``LanguagePairDataset``: the
     cut points of the rows' targets, in the batch's (sorted) row order. The key sits at
@@ -147,6 +164,8 @@ class TranslationSpeculativeTask(TranslationTask):
         self.drafters = {}  # (path, device, dtype) -> the drafter model loaded from it
         self.last_generator = None  # what build_generator returned last (its statistics: cmasd.hub)
         self.log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
+        if cfg.drafter_bf16_autocast:
+            bound_onednn_cache()
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)

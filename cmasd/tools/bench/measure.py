@@ -119,11 +119,22 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
     tgt_dict = setup.task.target_dictionary
     floor_inputs: Dict[int, list] = {}
     out = Measurements()
+
+    def whole(n: int) -> bool:  # pass n decodes every batch
+        return n >= warmup or not warmup_batches
+
+    def passed(n: int, bs: int) -> list:
+        return batches[bs] if whole(n) else batches[bs][:warmup_batches]
+
+    # the progress bar counts the sentences of every run, the floor's included (it follows a
+    # whole pass of greedy's)
+    progress = Progress(sum(sentences(passed(n, bs)) * (len(generators) + (GREEDY in generators and whole(n)))
+                            for n in range(warmup + repeats) for bs in batches))
     for n in range(warmup + repeats):
         recorded = n >= warmup
         label = f"rep {n - warmup + 1}/{repeats}" if recorded else f"warm-up {n + 1}/{warmup}"
         for bs, all_batches in batches.items():
-            bs_batches = all_batches if recorded or not warmup_batches else all_batches[:warmup_batches]
+            bs_batches = passed(n, bs)
             for name, generator in generators.items():
                 if seeds is not None:
                     reseed(generator, seeds[max(n - warmup, 0)])
@@ -132,13 +143,32 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
                     floor_inputs[bs] = [
                         teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad()) for s in bs_batches
                     ]
-                log_run(label, name, bs, run, recorded, out)
+                log_run(label, name, bs, run, recorded, out, progress.advance(sentences(bs_batches)))
             if bs in floor_inputs:
-                log_run(label, FLOOR, bs, score_split(setup, floor_inputs[bs][: len(bs_batches)]), recorded, out)
+                floor_batches = floor_inputs[bs][: len(bs_batches)]
+                log_run(label, FLOOR, bs, score_split(setup, floor_batches), recorded, out,
+                        progress.advance(sentences(bs_batches)))
     return out
 
 
-def log_run(label: str, name: str, bs: int, run: Run, recorded: bool, out: Measurements) -> None:
-    logger.info(f"{label}: {name} at batch size {bs}: {run.seconds:.3f} s")
+def sentences(batches) -> int:
+    return sum(len(sample["id"]) for sample in batches)
+
+
+class Progress:
+    """Sentences decoded of all the bench's passes, drawn as ``cmasd.tools.progress``'s bar."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.started = total, 0, time.monotonic()
+
+    def advance(self, n: int) -> str:
+        from cmasd.tools.progress import bar
+
+        self.done += n
+        return bar(self.done, self.total, self.started, "sentences")
+
+
+def log_run(label: str, name: str, bs: int, run: Run, recorded: bool, out: Measurements, progress: str = "") -> None:
+    logger.info(f"{label}: {name} at batch size {bs}: {run.seconds:.3f} s" + (f"; {progress}" if progress else ""))
     if recorded:
         out.runs[(name, bs)].append(run)
