@@ -41,10 +41,9 @@
 #
 # CMASD_LOW_MEMORY=1 makes every recipe's python run with glibc's malloc returning large
 # blocks to the system (MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ at 1 MiB,
-# MALLOC_ARENA_MAX=2): fairseq-train's resident memory on a CPU grows well past what its
-# tensors use, because glibc keeps freed activations of every batch shape in its heap.
-# Measured on the demo's drafter (80 updates): peak 6.4 GB -> 2.5 GB, but 0.98 -> 0.65
-# updates/s (docs/RESULTS.md); hence off by default.
+# MALLOC_ARENA_MAX=2). Measured on the demo's drafter (150 updates, oneDNN's cache already
+# bounded by the task): peak 3.8 GB -> 1.7 GB, but 1.0 -> 0.65 updates/s (docs/RESULTS.md);
+# hence off by default.
 
 set -euo pipefail
 

@@ -38,7 +38,7 @@ stopped (paths relative to the repository root):
 Profiles (DEMO_PROFILE):
   short (default)  under an hour on 2 CPU cores, setup included (--plan prints the estimate of
                    each stage): a 24-minute verifier (compact-short: bfloat16 autocast where the
-                   CPU has it), a 12-minute drafter, a bench of 6 configurations on 300 test
+                   CPU has it), a 12-minute drafter, a bench of 7 configurations on 300 test
                    sentences at batch 1 and 16, one recorded pass
   full             about 3 hours: a one-hour verifier (compact), a one-hour drafter,
                    cmasd-bench's default configurations on the whole test split, 2 passes
@@ -59,15 +59,15 @@ Environment (each wins over the profile):
   DEMO_BATCH_SIZES      cmasd-bench --batch-sizes (default 1,16)
   DEMO_REPEATS          cmasd-bench --repeats (short 1, full 2)
   DEMO_MAX_SENTENCES    cmasd-bench --max-sentences (short 300; full: the whole test split)
-  DEMO_CONFIGS          cmasd-bench --configs (short: beam5,greedy,ct2-greedy,loop-greedy,
-                        specdec-k5-exact,cmasd-k8; full: cmasd-bench's default)
+  DEMO_CONFIGS          cmasd-bench --configs (short: beam5,greedy,ct2-greedy,ct2-greedy-1t,
+                        loop-greedy,specdec-k5-exact,cmasd-k8; full: cmasd-bench's default)
   DEMO_TRACE_SENTENCES  test sentences cmasd-trace shows (default 3)
   CMASD_DATA_MIRROR     local mirror of the data (see prepare-multi30k.sh --help); default:
                         the shared/data folder beside the repository when it holds multi30k/
   CMASD_PYTHON          python with fairseq (default .venv/bin/python)
-  CMASD_LOW_MEMORY=1    glibc's malloc returns freed memory (data-prep/common.sh): over 80
-                        updates of the drafter, 2.5 GB peak instead of 6.4 (10.6 over the
-                        whole default stage), at two thirds of the updates per second
+  CMASD_LOW_MEMORY=1    glibc's malloc returns freed memory (data-prep/common.sh): over 150
+                        updates of the drafter, 1.7 GB peak instead of 3.8, at two thirds
+                        of the updates per second
 
 Skipping: data and distill are idempotent scripts; verifier: its checkpoint and the marker
 checkpoints/demo/.verifier-done; drafter: its checkpoint and checkpoints/demo/.drafter-done
@@ -76,7 +76,7 @@ trace: trace.html newer than bench.json. Delete a marker (or bench.json) to redo
 a training stage then resumes from its checkpoint_last.pt, and its time bound counts the
 hours already trained.
 The terminal shows one line per training epoch (updates, losses, time left) and a
-progress bar while distilling; each stage's whole output is kept in
+progress bar while distilling and benchmarking; each stage's whole output is kept in
 checkpoints/demo/logs/STAGE.log (a skipped stage leaves the log of the run that did the
 work; a stage that runs again keeps its previous log as STAGE.log.1), and
 checkpoints/demo/stages.tsv gets a row per stage and run: run start, stage, seconds,
@@ -98,7 +98,7 @@ esac
 PROFILE="${DEMO_PROFILE:-short}"
 case "$PROFILE" in
   # verifier hours, drafter hours, repeats, sentences, configurations, verifier recipe
-  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,loop-greedy,specdec-k5-exact,cmasd-k8" compact-short) ;;
+  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,ct2-greedy-1t,loop-greedy,specdec-k5-exact,cmasd-k8" compact-short) ;;
   full) DEFAULTS=(1.0 1.0 2 "" "" compact) ;;
   *) die "bad DEMO_PROFILE=$PROFILE: expected short or full" ;;
 esac

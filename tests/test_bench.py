@@ -268,24 +268,27 @@ def ct2_verifier(verifier, tmp_path_factory):
 
 
 def ct2_bench(multi30k, checkpoint, out):
-    run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", "greedy,ct2-greedy,ct2-greedy-int8",
-         "--max-sentences", "12", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0", "--threads", "1",
+    run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", "greedy,ct2-greedy,ct2-greedy-1t,ct2-greedy-int8",
+         "--max-sentences", "12", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0", "--threads", "2",
          "--out-dir", out])
     return json.loads((out / "bench.json").read_text())
 
 
 def test_ct2_rows_decode_like_fairseq_greedy(multi30k, ct2_verifier, tmp_path):
     record = ct2_bench(multi30k, ct2_verifier, tmp_path / "first")
-    for name in ("ct2-greedy", "ct2-greedy-int8"):
+    for name in ("ct2-greedy", "ct2-greedy-1t", "ct2-greedy-int8"):
         for bs, row in rows_of(record, name).items():
             assert row["kind"] == "ctranslate2" and row["sentences"] == 12, (name, bs)
             assert row["mean_accepted_tokens"] is None and row["draft_ms_per_iteration"] is None
             assert math.isfinite(row["bleu"]) and row["seconds_mean"] > 0
     # float32 CTranslate2 is fairseq's greedy search on another engine: the same tokens
     # (up to float rounding on near ties, which a 300-update model may have; allow one sentence)
-    for bs, row in rows_of(record, "ct2-greedy").items():
-        assert row["exact_match_vs_greedy"] >= 11 / 12, (bs, row["exact_match_vs_greedy"])
+    for name in ("ct2-greedy", "ct2-greedy-1t"):
+        for bs, row in rows_of(record, name).items():
+            assert row["exact_match_vs_greedy"] >= 11 / 12, (name, bs, row["exact_match_vs_greedy"])
     assert record["configs"]["ct2-greedy-int8"]["options"]["compute_type"] == "int8"
+    assert record["threads"] == 2 and record["configs"]["ct2-greedy"]["options"]["intra_threads"] is None  # --threads
+    assert record["configs"]["ct2-greedy-1t"]["options"]["intra_threads"] == 1
     # every row's speed-up over CTranslate2's greedy (one repetition: a ratio of seconds)
     for bs, ct2 in rows_of(record, "ct2-greedy").items():
         for name in ("greedy", "ct2-greedy", "ct2-greedy-int8"):

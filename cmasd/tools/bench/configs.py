@@ -32,7 +32,8 @@ class BenchError(Exception):
 @dataclass(frozen=True)
 class BenchConfig:
     """One decoder to measure: fairseq's SequenceGenerator with ``beam``; CTranslate2's
-    greedy search with ``ct2_compute_type`` (float32, int8); or, when both are None,
+    greedy search with ``ct2_compute_type`` (float32, int8) on ``ct2_threads`` threads (None:
+    the bench's ``--threads``); or, when both are None,
     the speculative generator with ``overrides`` applied to ``SpeculativeDecodingConfig``
     and the model drafter ``drafter`` (a key of ``DRAFTER_OPTIONS``, or ``none``)."""
 
@@ -42,6 +43,7 @@ class BenchConfig:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     drafter: str = NO_DRAFTER
     ct2_compute_type: Optional[str] = None
+    ct2_threads: Optional[int] = None
 
     @property
     def speculative(self) -> bool:
@@ -150,6 +152,9 @@ CONFIGS: Dict[str, BenchConfig] = {
         BenchConfig(GREEDY, "fairseq SequenceGenerator, beam 1 (greedy)", beam=1),
         BenchConfig("ct2-greedy", "CTranslate2 greedy search, float32, the verifier converted by CTranslate2's "
                     "fairseq converter (needs the ct2 extra)", ct2_compute_type="float32"),
+        BenchConfig("ct2-greedy-1t", "ct2-greedy on one thread whatever --threads (CTranslate2's OpenMP threads "
+                    "can cost more than they save: 6x slower on two threads than on one on the 2-vCPU development VM "
+                    "at some hours)", ct2_compute_type="float32", ct2_threads=1),
         BenchConfig("ct2-greedy-int8", "CTranslate2 greedy search, int8 weights quantized on load (exact with "
                     "respect to the quantized model only; needs the ct2 extra)", ct2_compute_type="int8"),
         speculative("loop-greedy", "cmasd's loop with nothing drafted (--spec-k 0): the verifier alone, "

@@ -155,7 +155,7 @@ def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping
         from cmasd.tools.bench.ct2 import CT2Greedy
 
         return CT2Greedy(setup.ct2_model, setup.task.source_dictionary, setup.task.target_dictionary,
-                         config.ct2_compute_type, setup.threads, generation_config(1, generation),
+                         config.ct2_compute_type, config.ct2_threads or setup.threads, generation_config(1, generation),
                          setup.model.max_decoder_positions())
     if not config.speculative:
         from cmasd.compat import fix_ngram_blocker
@@ -180,7 +180,7 @@ def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str
     if config.speculative:
         options = {**options_dict(spec_options(config, global_overrides, paths)), **(generation or {})}
     elif config.ct2_compute_type is not None:
-        options = {"compute_type": config.ct2_compute_type, "beam_size": 1,
+        options = {"compute_type": config.ct2_compute_type, "beam_size": 1, "intra_threads": config.ct2_threads,
                    **options_dict(generation_config(1, generation))}
     else:
         options = options_dict(generation_config(config.beam, generation))
