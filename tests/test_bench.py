@@ -268,7 +268,8 @@ def ct2_verifier(verifier, tmp_path_factory):
 
 
 def ct2_bench(multi30k, checkpoint, out):
-    run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", "greedy,ct2-greedy,ct2-greedy-1t,ct2-greedy-int8",
+    run([BIN / "cmasd-bench", multi30k, "--path", checkpoint,
+         "--configs", "greedy,ct2-greedy,ct2-greedy-1t,ct2-greedy-int8",
          "--max-sentences", "12", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0", "--threads", "2",
          "--out-dir", out])
     return json.loads((out / "bench.json").read_text())

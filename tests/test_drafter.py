@@ -11,8 +11,8 @@ import types
 
 import pytest
 import torch
-from fairseq.data import Dictionary, LanguagePairDataset
 from conftest import REPO
+from fairseq.data import Dictionary, LanguagePairDataset
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from cmasd.training.criterion import accepted_lengths, block_labels, glance_tokens, glat_ratio, parse_glat_schedule
@@ -364,27 +364,31 @@ if sys.argv[1] == "bounded":
     bound_onednn_cache()
 torch.manual_seed(0)
 weight = torch.randn(1024, 256, requires_grad=True)
-for n in range(1, 250):  # a batch shape of its own each step, as in training
+for n in range(1, 300):  # a batch shape of its own each step, as in training
+    if n == 51:
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = torch.nn.functional.linear(torch.randn(n * 7 % 2000 + 1, 256), weight)
     out.float().sum().backward()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start)
 """
 
 
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no native bfloat16 on this CPU")
 def test_bounded_onednn_cache_keeps_bf16_training_memory_flat():
     """Under bfloat16 autocast each new shape leaves a oneDNN primitive and its memory in
-    the cache; bounded, the same steps need far less memory."""
-    peaks = {}
+    the cache; bounded, the peak grows far less over the same 249 new shapes (measured on the
+    2-core machine: 250-290 MB bounded, 1,070-1,160 MB with oneDNN's default)."""
+    from cmasd.training.task import ONEDNN_CACHE_VARIABLES
+
+    growth = {}
     for mode in ("bounded", "default"):
-        env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-                                                                 "DNNL_PRIMITIVE_CACHE_CAPACITY")}
+        env = {k: v for k, v in os.environ.items() if k not in ONEDNN_CACHE_VARIABLES}
         proc = subprocess.run([sys.executable, "-c", SHAPES_UNDER_AUTOCAST, mode], capture_output=True, text=True,
                               env=env, cwd=REPO)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        peaks[mode] = int(proc.stdout.split()[-1])  # KiB
-    assert peaks["bounded"] < 0.6 * peaks["default"], peaks
+        growth[mode] = int(proc.stdout.split()[-1])  # KiB
+    assert growth["bounded"] < 0.5 * growth["default"], growth
 
 
 def test_dictionary_mismatch_is_refused_clearly():

@@ -8,9 +8,9 @@ Decodes a few sentences of a split one at a time with the speculative generator 
 ``fairseq-generate`` would build from the same options, and shows every iteration of each:
 the drafts sent, which the verifier accepted (green) and rejected (red, struck through),
 and the verifier's own token after them (bold: yellow a correction, cyan a bonus after a
-fully accepted draft). Printed to stdout: in colour on a terminal or with ``--color always``, as plain text with
-markers otherwise (and with ``--color never``, ``--no-color`` or ``NO_COLOR``);
-``--trace-html`` also writes a self-contained HTML page.
+fully accepted draft). Printed to stdout: in colour on a terminal or with ``--color
+always``, as plain text with markers otherwise (and with ``--color never``, ``--no-color``
+or ``NO_COLOR``); ``--trace-html`` also writes a self-contained HTML page.
 
 The library side: ``trace_batches`` decodes fairseq samples with the generator's
 ``observer`` set and returns one ``SentenceTrace`` per sentence, checked against the
@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                        help="ANSI colours: on a terminal (auto, the default; NO_COLOR turns them off), "
                             "always (e.g. into a file for `less -R`), or never (plain text with markers)")
-    group.add_argument("--no-color", dest="color", action="store_const", const="never", help="the same as --color never")
+    group.add_argument("--no-color", dest="color", action="store_const", const="never",
+                       help="the same as --color never")
     return parser
 
 
