@@ -45,10 +45,10 @@ def not_applicable(row):
 @pytest.fixture(scope="module")
 def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path", ar_drafter,
-         "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
-         "--repeats", "1", "--warmup", "1", "--configs", ",".join(BENCH_CONFIGS),
-         "--threads", "1", "--out-dir", out])
+    proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter,
+                "--ar-drafter-path", ar_drafter, "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
+                "--repeats", "1", "--warmup", "1", "--configs", ",".join(BENCH_CONFIGS),
+                "--threads", "1", "--out-dir", out])
     (out / "stderr.txt").write_text(proc.stderr)
     return out
 
