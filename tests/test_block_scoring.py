@@ -2,6 +2,7 @@
 
 import argparse
 import types
+import weakref
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from fairseq.models.transformer import TransformerModel, base_architecture
 
 from cmasd.decoding import extension
 from cmasd.decoding.kernels import packing_available
-from cmasd.decoding.cache import BlockScorer
+from cmasd.decoding.cache import BlockScorer, VerifierCache
 
 
 def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50):
@@ -190,6 +191,33 @@ def test_a_grown_cache_scores_as_a_large_one():
             got.append(scorer.score(cache, tgt[:, start:end], torch.full((2,), start)))
         assert cache.grow(4) is cache  # never shrinks
     torch.testing.assert_close(torch.cat(got, dim=1), expected, rtol=0, atol=1e-4)
+
+
+def test_dropping_rows_copies_one_layer_at_a_time():
+    """Dropping finished rows replaces each layer's keys and values before copying the
+    next, so the copy never holds two whole caches (at 16 rows of 1,000 source tokens the
+    encoder keys alone are 197 MB); the rows kept are the rows asked for, in order."""
+    layers, alive, old = 3, [], []
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.index_select:
+                alive.append(sum(ref() is not None for ref in old))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    torch.manual_seed(5)
+    cross = [tuple(torch.randn(4, 2, 7, 3).as_subclass(Watched) for _ in range(2)) for _ in range(layers)]
+    expected = [tuple(t.as_subclass(torch.Tensor)[[3, 1]] for t in pair) for pair in cross]
+    old.extend(weakref.ref(t) for pair in cross for t in pair)
+    cache = VerifierCache(kv=[torch.zeros(4, 4, 5, 3) for _ in range(layers)], cross=cross, cross_bias=None)
+    del cross
+    kept = cache.select(torch.tensor([3, 1]))
+    assert alive == [6, 6, 4, 4, 2, 2]  # before: 6 each time, the old cache's lists held every layer
+    assert all(ref() is None for ref in old)
+    for (k, v), (k0, v0) in zip(kept.cross, expected):
+        assert torch.equal(k.as_subclass(torch.Tensor), k0) and torch.equal(v.as_subclass(torch.Tensor), v0)
+    assert [kv.size(0) for kv in kept.kv] == [2] * layers
 
 
 @pytest.mark.parametrize("variant", ["pre-norm"] + sorted(VARIANTS))

@@ -41,12 +41,26 @@ class VerifierCache:
         return replace(self, kv=[widened(kv, capacity) for kv in self.kv])
 
     def select(self, rows: Tensor) -> "VerifierCache":
-        """Keep only ``rows`` (LongTensor of row indices)."""
+        """Keep only ``rows`` (LongTensor of row indices). Consumes this cache (``keep_rows``):
+        use the one returned."""
         return VerifierCache(
-            kv=[kv.index_select(0, rows) for kv in self.kv],
-            cross=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross],
+            kv=keep_rows(self.kv, rows),
+            cross=keep_rows(self.cross, rows),
             cross_bias=None if self.cross_bias is None else self.cross_bias.index_select(0, rows),
         )
+
+
+def keep_rows(layers: List, rows: Tensor) -> List:
+    """``layers`` (a list of one tensor, or one tuple of tensors, per layer, batch first) with
+    only ``rows`` kept: replaced in place, one layer at a time, and returned. Each layer's old
+    tensors are freed before the next layer is copied, so dropping finished rows holds one
+    layer twice, not the whole cache: at 16 rows of 1,000 source tokens a 6-layer 256-wide
+    decoder's encoder keys and values are 197 MB. The cache these lists belong to must not be
+    used again."""
+    for index, layer in enumerate(layers):
+        layers[index] = (tuple(t.index_select(0, rows) for t in layer) if isinstance(layer, tuple)
+                         else layer.index_select(0, rows))
+    return layers
 
 
 def widened(cache: Tensor, size: int) -> Tensor:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cmasd.decoding.attention import DecodingDecoder, additive_mask
-from cmasd.decoding.cache import encoder_states, widened
+from cmasd.decoding.cache import encoder_states, keep_rows, widened
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
 from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel
@@ -38,9 +38,9 @@ class SpecDrafterCache:
     ``grow`` makes room for longer prefixes.
     """
 
-    kv: Tuple[Tensor, ...]  # per layer (B, 2H, capacity + 1, d)
+    kv: List[Tensor]  # per layer (B, 2H, capacity + 1, d)
     cached: Tensor  # (B,)
-    cross: Tuple[Tuple[Tensor, Tensor], ...]  # per layer encoder keys/values (B, H, S, d)
+    cross: List[Tuple[Tensor, Tensor]]  # per layer encoder keys/values (B, H, S, d)
     cross_bias: Optional[Tensor]  # (B, 1, 1, S) 0 / -inf for padded source tokens; None: no padding
 
     @property
@@ -53,14 +53,15 @@ class SpecDrafterCache:
         if capacity <= self.capacity:
             return self
         size = capacity + 1  # the scratch slot stays last; the old one held nothing to keep
-        return dataclasses.replace(self, kv=tuple(widened(kv[:, :, : self.capacity], size) for kv in self.kv))
+        return dataclasses.replace(self, kv=[widened(kv[:, :, : self.capacity], size) for kv in self.kv])
 
     def select(self, rows: Tensor) -> "SpecDrafterCache":
-        """Keep the rows ``rows`` (LongTensor of indices), e.g. to drop finished ones."""
+        """Keep the rows ``rows`` (LongTensor of indices), e.g. to drop finished ones.
+        Consumes this cache, one layer at a time (``keep_rows``): use the one returned."""
         return SpecDrafterCache(
-            kv=tuple(kv.index_select(0, rows) for kv in self.kv),
+            kv=keep_rows(self.kv, rows),
             cached=self.cached.index_select(0, rows),
-            cross=tuple((k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.cross),
+            cross=keep_rows(self.cross, rows),
             cross_bias=None if self.cross_bias is None else self.cross_bias.index_select(0, rows),
         )
 
@@ -123,9 +124,9 @@ class SpecDrafter(ModelDrafter):
         dec = self.decoder
         shape = (states.size(0), 2 * dec.heads, max_len + 1, dec.head_dim)
         return SpecDrafterCache(
-            kv=tuple(states.new_zeros(shape) for _ in dec.layers),
+            kv=[states.new_zeros(shape) for _ in dec.layers],
             cached=torch.zeros(states.size(0), dtype=torch.long, device=states.device),
-            cross=tuple(cross),
+            cross=list(cross),
             cross_bias=cross_bias,
         )
 
