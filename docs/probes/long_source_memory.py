@@ -10,13 +10,15 @@ with DATA's vocabulary and cut to --pieces pieces (end of sentence included). Ev
 lossless with source lookups (k = 8, exact acceptance; --spec-kernels --kernels): no second model. Prints resident memory
 (MB, /proc/self/status: VmRSS now, VmHWM the peak so far; glibc keeps freed memory, so run
 with MALLOC_MMAP_THRESHOLD_=131072 to see live memory rather than the allocator's) after loading, after the first batch
-and after all batches, and cmasd's prepared weights and caches by size.
+and after all batches, the seconds the decoding of all of them took (after a first batch),
+and cmasd's prepared weights by size.
 """
 
 import argparse
 import json
 import os
 import sys
+import time
 
 
 def rss():
@@ -111,8 +113,11 @@ def main():
                 part = getattr(generator, name, None)
                 if part is not None:
                     print(f"  cmasd {name}: {tensor_mb(part, own):.0f} MB of tensors besides the model's")
+        start = time.perf_counter()
         outputs = model.generate(sources)
+        seconds = time.perf_counter() - start
     report(f"all {len(sources)} decoded")
+    print(f"decoding all {len(sources)} (after the first batch): {seconds:.1f} s")
     print("output lengths:", sorted({len(hypos[0]["tokens"]) for hypos in outputs}))
 
 
