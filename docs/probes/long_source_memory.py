@@ -41,24 +41,27 @@ def tensor_mb(obj, exclude=()):
     leaving out those that share storage with a tensor of ``exclude``."""
     import torch
 
-    seen = {t.untyped_storage().data_ptr() for t in exclude}
+    storages = {t.untyped_storage().data_ptr() for t in exclude}
+    visited = set()  # id() of the objects walked and of oneDNN's packed tensors counted
     total, stack = 0, [obj]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             if item.is_mkldnn:  # oneDNN's packed weights: no storage to share
-                total += item.numel() * item.element_size()
+                if id(item) not in visited:
+                    visited.add(id(item))
+                    total += item.numel() * item.element_size()
                 continue
             storage = item.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
+            if storage.data_ptr() not in storages:
+                storages.add(storage.data_ptr())
                 total += storage.nbytes()
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
         elif isinstance(item, dict):
             stack.extend(item.values())
-        elif hasattr(item, "__dict__") and not isinstance(item, type) and id(item) not in seen:
-            seen.add(id(item))
+        elif hasattr(item, "__dict__") and not isinstance(item, type) and id(item) not in visited:
+            visited.add(id(item))
             stack.extend(vars(item).values())
     return total / 2**20
 
