@@ -419,6 +419,9 @@ vocab_signature() {
 #   DEST SRC TGT VOCAB SPM_MODEL DICT_FILE WORKERS EXTRA_*   (see above)
 #   CLEAN=1            filter the training pairs like clean-corpus-n (ratio 1.5, 1..250 pieces)
 #   SRC_MAX_TOKENS=N   truncate every encoded source line to N pieces ("" = no truncation)
+#   DENOISE_RATIO=R    add to train one pair per training target: the target with about R of
+#                      its words deleted in spans -> the target (cmasd-prep denoise-pairs;
+#                      "" = none).  Not to the vocabulary: it is trained on the plain pairs.
 #   SPM_TRAIN_ARGS=()  extra cmasd-prep spm-train options
 # Layout it leaves in DEST:
 #   spm.model, dict.txt (+ spm.vocab when trained here), tok/SPLIT.LANG (pieces),
@@ -439,6 +442,7 @@ finish_recipe() {
   fi
 
   if ! done_step encode; then
+    rm -f "$DEST/tok/train.plain".*  # the pairs denoise-train starts from are encoded again
     for split in "${splits[@]}"; do
       for lang in "$SRC" "$TGT"; do
         local out="$DEST/tok/$split.$lang"
@@ -456,7 +460,18 @@ finish_recipe() {
     "${PREP[@]}" clean-corpus --ratio 1.5 --min-tokens 1 --max-tokens 250 \
       "$DEST/tok/train.unfiltered.$SRC" "$DEST/tok/train.unfiltered.$TGT" \
       "$DEST/tok/train.$SRC" "$DEST/tok/train.$TGT"
+    rm -f "$DEST/tok/train.plain".*
     mark_done filter-train
+  fi
+
+  if [[ -n "${DENOISE_RATIO:-}" && -f "$DEST/raw/train.$SRC" ]] && ! done_step denoise-train; then
+    # from the encoded pairs, kept as train.plain.* so that a rerun never adds them twice
+    for lang in "$SRC" "$TGT"; do
+      [[ -f "$DEST/tok/train.plain.$lang" ]] || mv "$DEST/tok/train.$lang" "$DEST/tok/train.plain.$lang"
+    done
+    "${PREP[@]}" denoise-pairs --ratio "$DENOISE_RATIO" \
+      "$DEST/tok/train.plain.$SRC" "$DEST/tok/train.plain.$TGT" "$DEST/tok/train.$SRC" "$DEST/tok/train.$TGT"
+    mark_done denoise-train
   fi
 
   if ! done_step binarize; then

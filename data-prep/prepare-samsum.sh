@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SAMSum dialogue summarization (dialogue -> summary) for fairseq, joint sentencepiece vocabulary;
-# --with-dialogsum adds DialogSum's training dialogues.
+# --with-dialogsum adds DialogSum's training dialogues, --with-summary-denoising a copy task.
 # Run with --help for the options and the output layout.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -22,6 +22,7 @@ EXPECTED_MIRROR=(14731 818 819)
 EXPECTED_UPSTREAM=(14732 818 819)  # upstream train holds one record with an empty dialogue
 DIALOGSUM_EXPECTED=12460
 DEFAULT_MAX_SOURCE_TOKENS=1000
+DENOISE_RATIO_VALUE=0.3
 
 usage() {
   cat <<EOF
@@ -59,13 +60,20 @@ Options:
   --with-dialogsum         add DialogSum's 12,460 training dialogues to train (14,731 + 12,460
                            pairs).  Only train grows: DialogSum's dev split is NOT added to
                            valid, which stays SAMSum's, so scores remain SAMSum scores.
+  --with-summary-denoising add to train one pair per training summary: the summary with about
+                           30% of its words deleted in spans of about 3 words -> the summary
+                           (BART's text infilling, deletion variant; seeded), so that a model
+                           trained from scratch learns early to read and copy from its source
+                           (docs/RESULTS.md).  valid and test are unchanged; the vocabulary is
+                           trained on the plain pairs, so it equals the recipe's without it.
   --max-source-tokens N    keep at most N pieces of each encoded dialogue (default
                            $DEFAULT_MAX_SOURCE_TOKENS, within fairseq's default of 1,024 source positions;
                            SAMSum dialogues are short, about 94 words: with the default
                            vocabulary this cuts 3 training dialogues and nothing else)
   --dest DIR               output directory (relative paths are taken from the current
                            directory; default $CMASD_ROOT/data-bin/samsum, or
-                           data-bin/samsum-dialogsum with --with-dialogsum)
+                           data-bin/samsum-dialogsum with --with-dialogsum; "-denoise"
+                           appended with --with-summary-denoising)
   --vocab-size N           joint sentencepiece vocabulary size to train (integer >= 100;
                            default $DEFAULT_VOCAB)
   --spm-model PATH         reuse this sentencepiece model instead of training one ...
@@ -82,7 +90,8 @@ Output (DIR):
   raw/{valid,test}.refs.jsonl
                            one JSON list a line holding the one reference, its sentences
                            separated by "\n" (for ROUGE-Lsum)
-  tok/SPLIT.{src,tgt}      pieces fed to fairseq-preprocess
+  tok/SPLIT.{src,tgt}      pieces fed to fairseq-preprocess (with --with-summary-denoising,
+                           tok/train.plain.{src,tgt} holds train without the added pairs)
   orig/                    downloads and their conversion (not in mirror mode);  .done/  markers
 Reruns skip finished steps; changed options redo them.
 Environment: CMASD_DATA_MIRROR (local mirror), CMASD_PYTHON (python with fairseq+sentencepiece).
@@ -90,11 +99,13 @@ EOF
 }
 
 WITH_DIALOGSUM=0
+DENOISE_RATIO=""
 SRC_MAX_TOKENS="$DEFAULT_MAX_SOURCE_TOKENS"
 while (( $# )); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --with-dialogsum) WITH_DIALOGSUM=1; shift ;;
+    --with-summary-denoising) DENOISE_RATIO="$DENOISE_RATIO_VALUE"; shift ;;
     --max-source-tokens|--max-source-tokens=*)
       _opt_value --max-source-tokens "$@"; SRC_MAX_TOKENS="$OPT_VALUE"; shift "$CONSUMED"
       [[ "$SRC_MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] \
@@ -108,6 +119,7 @@ check_reuse_options "$SPM_MODEL" "$DICT_FILE"
 VOCAB="${VOCAB:-$DEFAULT_VOCAB}"
 NAME=samsum
 (( WITH_DIALOGSUM )) && NAME=samsum-dialogsum
+[[ -n "$DENOISE_RATIO" ]] && NAME+=-denoise
 DEST="$(abs_path "${DEST:-$CMASD_ROOT/data-bin/$NAME}")"
 
 # Where the id/src/tgt records are read from, checked before any work.
@@ -133,8 +145,9 @@ fi
 mkdir -p "$DEST/raw"
 TITLE="SAMSum"
 (( WITH_DIALOGSUM )) && TITLE+=" + DialogSum train"
+[[ -n "$DENOISE_RATIO" ]] && TITLE+=" + summary denoising pairs"
 log "$TITLE ($MODE) -> $DEST"
-steps_init "$DEST" "samsum dialogsum=$WITH_DIALOGSUM max-source-tokens=$SRC_MAX_TOKENS $(vocab_signature)"
+steps_init "$DEST" "samsum dialogsum=$WITH_DIALOGSUM denoise=${DENOISE_RATIO:-0} max-source-tokens=$SRC_MAX_TOKENS $(vocab_signature)"
 
 # extract_7z ARCHIVE DIR: with 7z, 7za or 7zr, else the Python package py7zr.
 extract_7z() {

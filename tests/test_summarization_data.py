@@ -1,10 +1,12 @@
 """The summarization data recipes, through the doors a user takes: prepare-samsum.sh makes
 SAMSum (and SAMSum + DialogSum) with its published split sizes, the dialogue's turn
-separator as one piece and references ready for ROUGE-Lsum; prepare-cnndm.sh
+separator as one piece and references ready for ROUGE-Lsum, and with
+--with-summary-denoising one (summary with spans deleted -> summary) pair more per training
+summary; prepare-cnndm.sh
 --mirror-partial makes the partial CNN/DailyMail with truncated sources, the highlight
 sentences as references and the Lead-3 baseline; reruns skip finished steps; bad input is
 refused with one line. Below them, cmasd-prep's summarization subcommands (summ-convert,
-summ-split, lead, refs-jsonl --split-sentences) on hand-written records.
+summ-split, lead, refs-jsonl --split-sentences, denoise-pairs) on hand-written records.
 
 The data sets come from the offline mirror (conftest.mirror_dir); tests that need a part of
 it the mirror lacks are skipped, with the reason. To keep the file near two minutes on two
@@ -76,6 +78,16 @@ def samsum_dialogsum(samsum, tmp_path_factory):
          "--dict", samsum / "dict.txt", "--max-source-tokens", str(DIALOGSUM_MAX_SOURCE)],
         env={"CMASD_DATA_MIRROR": str(mirror)})
     return dest
+
+
+@pytest.fixture(scope="module")
+def samsum_denoise(samsum, samsum_mirror, tmp_path_factory):
+    """SAMSum with --with-summary-denoising, with the vocabulary of ``samsum``."""
+    dest = tmp_path_factory.mktemp("data-bin") / "samsum-denoise"
+    command = ["bash", SAMSUM, "--with-summary-denoising", "--dest", dest,
+               "--spm-model", samsum / "spm.model", "--dict", samsum / "dict.txt"]
+    run(command, env={"CMASD_DATA_MIRROR": str(samsum_mirror)})
+    return dest, command
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +171,24 @@ def test_dialogsum_adds_its_training_dialogues_only(samsum, samsum_dialogsum):
     for name in ("valid.src", "valid.tgt", "valid.refs.jsonl", "test.tgt"):  # SAMSum's, unchanged
         assert lines(samsum_dialogsum / "raw" / name) == lines(samsum / "raw" / name)
     assert max(token_counts(samsum_dialogsum / "tok" / "train.src")) == DIALOGSUM_MAX_SOURCE
+
+
+def test_summary_denoising_adds_one_copy_pair_per_training_summary(samsum, samsum_denoise, samsum_mirror):
+    dest, command = samsum_denoise
+    n = SAMSUM_SIZES["train"]
+    sizes = dict(SAMSUM_SIZES, train=2 * n)
+    assert split_counts(dest) == {f"{split}.src-tgt.{lang}": k for split, k in sizes.items() for lang in ("src", "tgt")}
+    source, target = lines(dest / "tok" / "train.src"), lines(dest / "tok" / "train.tgt")
+    assert source[:n] == lines(samsum / "tok" / "train.src") == lines(dest / "tok" / "train.plain.src")
+    assert target[:n] == target[n:] == lines(samsum / "tok" / "train.tgt")
+    shorter = sum(len(noisy.split()) < len(summary.split()) for noisy, summary in zip(source[n:], target[n:]))
+    assert shorter > 0.95 * n  # a summary of 1 or 2 words may lose nothing
+    for name in ("valid.src", "valid.tgt", "test.src", "test.tgt"):
+        assert lines(dest / "tok" / name) == lines(samsum / "tok" / name)
+    proc = run(command, env={"CMASD_DATA_MIRROR": str(samsum_mirror)})  # a rerun adds nothing
+    skipped = re.findall(r"^\[cmasd prep\] skip: (\S+) \(done\)$", proc.stderr, re.M)
+    assert skipped == ["split", "vocab", "encode", "denoise-train", "binarize"], proc.stderr
+    assert len(lines(dest / "tok" / "train.src")) == 2 * n
 
 
 def test_samsum_upstream_files_placed_by_hand_give_the_same_data(samsum, samsum_dialogsum, tmp_path):
@@ -430,3 +460,55 @@ def test_spm_train_refuses_a_symbol_with_whitespace(tmp_path, capsys):
     assert prep("spm-train", "--input", text, "--prefix", tmp_path / "spm", "--vocab-size", 100,
                 "--user-defined-symbols", "<br>, x") == 2
     assert "a symbol cannot hold whitespace" in capsys.readouterr().err
+
+
+def word_pieces(line):
+    """The words of a line of sentencepiece pieces, each a tuple of its pieces."""
+    words = []
+    for piece in line.split():
+        if piece.startswith(TURN_PIECE[0]) or not words:
+            words.append([piece])
+        else:
+            words[-1].append(piece)
+    return [tuple(word) for word in words]
+
+
+def is_subsequence(short, long):
+    rest = iter(long)
+    return all(item in rest for item in short)
+
+
+def test_denoise_pairs_deletes_whole_words_and_keeps_the_pairs(tmp_path, capsys):
+    targets = ["\u2581A \u2581lo ng \u2581summary \u2581of \u2581ten \u2581words \u2581in \u2581all \u2581here \u2581now .",
+               "\u2581Two \u2581words", "\u2581One", ""]
+    src = write(tmp_path / "train.src", "".join(f"source {i}\n" for i in range(len(targets))))
+    tgt = write(tmp_path / "train.tgt", "".join(f"{t}\n" for t in targets))
+    assert prep("denoise-pairs", src, tgt, tmp_path / "out.src", tmp_path / "out.tgt") == 0
+    out_src, out_tgt = lines(tmp_path / "out.src"), lines(tmp_path / "out.tgt")
+    assert out_src[:4] == lines(src) and out_tgt[:4] == targets
+    assert out_tgt[4:] == targets[:3]  # no pair for an empty target
+    for noisy, target in zip(out_src[4:], targets):
+        kept, words = word_pieces(noisy), word_pieces(target)
+        assert is_subsequence(kept, words)
+        assert len(words) - len(kept) == min(round(0.3 * len(words)), len(words) - 1)
+    assert "4 pairs + 3 (target with 0.3 of its words deleted" in capsys.readouterr().err
+    # seeded: the same seed gives the same lines, another seed other ones
+    assert prep("denoise-pairs", "--ratio", 0.5, src, tgt, tmp_path / "a.src", tmp_path / "a.tgt") == 0
+    assert prep("denoise-pairs", "--ratio", 0.5, src, tgt, tmp_path / "b.src", tmp_path / "b.tgt") == 0
+    assert lines(tmp_path / "a.src") == lines(tmp_path / "b.src")
+    seeds = set()
+    for seed in range(2, 8):
+        assert prep("denoise-pairs", "--ratio", 0.5, "--seed", seed, src, tgt, tmp_path / "c.src", tmp_path / "c.tgt") == 0
+        seeds.add(lines(tmp_path / "c.src")[4])
+    assert len(seeds) > 1
+
+
+def test_denoise_pairs_refuses_bad_input(tmp_path, capsys):
+    src = write(tmp_path / "train.src", "a\nb\n")
+    tgt = write(tmp_path / "train.tgt", "\u2581a\n")
+    assert prep("denoise-pairs", src, tgt, tmp_path / "out.src", tmp_path / "out.tgt") == 2
+    assert f"{src} and {tgt} differ in length (after 1 pairs)" in capsys.readouterr().err
+    assert not (tmp_path / "out.src").exists()
+    for option in (["--ratio", "1"], ["--ratio", "0"], ["--mean-span", "0"]):
+        assert prep("denoise-pairs", *option, tgt, tgt, tmp_path / "out.src", tmp_path / "out.tgt") == 2
+        assert f"bad {option[0]} " in capsys.readouterr().err

@@ -33,6 +33,11 @@ step that touches text, so that the same rules apply to every corpus:
 ``lead IN OUT --sentences N``
     The first N sentences of every line (``split_sentences``), joined by a space: the
     Lead-N baseline.
+``denoise-pairs SRC TGT OUT_SRC OUT_TGT [--ratio R] [--mean-span L] [--seed S]``
+    The pairs of SRC/TGT (pieces), followed by one pair per target line: the target
+    with about R of its words deleted in spans of Poisson(L) words (BART's text
+    infilling, deletion variant) -> the target unchanged.  Seeded: the same inputs
+    and options give the same lines.
 ``clean-corpus``, ``sgm-extract``, ``refs-jsonl``, ``count-bin``
     Length/ratio filtering of a parallel corpus (as Moses' clean-corpus-n),
     WMT SGML to plain text, references to JSON lists (``--split-sentences`` for
@@ -55,7 +60,9 @@ import contextlib
 import gzip
 import itertools
 import json
+import math
 import os
+import random
 import re
 import struct
 import sys
@@ -541,6 +548,16 @@ def cmd_summ_split(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------- parallel text
 
 
+def read_pairs(src_path: str, tgt_path: str) -> Iterator[tuple]:
+    """The line pairs of two parallel files; a PrepError when their lengths differ."""
+    missing = object()
+    pairs = itertools.zip_longest(read_lines(src_path), read_lines(tgt_path), fillvalue=missing)
+    for count, (src, tgt) in enumerate(pairs):
+        if src is missing or tgt is missing:
+            raise PrepError(f"{src_path} and {tgt_path} differ in length (after {count} pairs)")
+        yield src, tgt
+
+
 def keep_pair(src: str, tgt: str, ratio: float, min_tokens: int, max_tokens: int) -> bool:
     """Moses clean-corpus-n rule: both sides in [min, max] tokens, length ratio <= ratio."""
     n_src, n_tgt = len(src.split()), len(tgt.split())
@@ -553,13 +570,9 @@ def keep_pair(src: str, tgt: str, ratio: float, min_tokens: int, max_tokens: int
 
 def cmd_clean_corpus(args: argparse.Namespace) -> None:
     """``clean-corpus SRC TGT OUT_SRC OUT_TGT``: length and ratio filtering (streaming)."""
-    missing = object()
     total = kept = 0
     with atomic_output(args.out_src) as out_src, atomic_output(args.out_tgt) as out_tgt:
-        pairs = itertools.zip_longest(read_lines(args.src), read_lines(args.tgt), fillvalue=missing)
-        for src, tgt in pairs:
-            if src is missing or tgt is missing:
-                raise PrepError(f"{args.src} and {args.tgt} differ in length (after {total} pairs)")
+        for src, tgt in read_pairs(args.src, args.tgt):
             total += 1
             if keep_pair(src, tgt, args.ratio, args.min_tokens, args.max_tokens):
                 out_src.write(src + "\n")
@@ -568,6 +581,66 @@ def cmd_clean_corpus(args: argparse.Namespace) -> None:
     info(
         f"clean-corpus: kept {kept} of {total} pairs "
         f"(tokens {args.min_tokens}-{args.max_tokens}, ratio <= {args.ratio})"
+    )
+
+
+WORD_START = "\u2581"  # sentencepiece's word-start mark
+
+
+def poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson(mean) draw (Knuth's product of uniforms; fine for small means)."""
+    limit, k, product = math.exp(-mean), 0, rng.random()
+    while product > limit:
+        k += 1
+        product *= rng.random()
+    return k
+
+
+def delete_spans(pieces: str, ratio: float, mean_span: float, rng: random.Random) -> str:
+    """``pieces`` (one line of sentencepiece pieces) with round(ratio * words) of its words
+    deleted, in spans of max(1, Poisson(mean_span)) words starting at random words; a word is
+    a piece starting with U+2581 and the pieces after it.  At least one word always stays."""
+    words: list = []
+    for piece in pieces.split():
+        if piece.startswith(WORD_START) or not words:
+            words.append([piece])
+        else:
+            words[-1].append(piece)
+    keep = [True] * len(words)
+    budget = min(round(len(words) * ratio), len(words) - 1)
+    while budget > 0:
+        start = rng.randrange(len(words))
+        for i in range(start, min(len(words), start + max(1, poisson(rng, mean_span)))):
+            if keep[i] and budget > 0:
+                keep[i] = False
+                budget -= 1
+    return " ".join(p for kept, word in zip(keep, words) if kept for p in word)
+
+
+def cmd_denoise_pairs(args: argparse.Namespace) -> None:
+    """``denoise-pairs SRC TGT OUT_SRC OUT_TGT``: the pairs unchanged, then (deleted spans of
+    each target -> the target) for every non-empty target line."""
+    if not 0.0 < args.ratio < 1.0:
+        raise PrepError(f"bad --ratio {args.ratio}: expected a fraction between 0 and 1")
+    if args.mean_span <= 0:
+        raise PrepError(f"bad --mean-span {args.mean_span}: expected a positive number")
+    rng = random.Random(args.seed)
+    total = added = 0
+    with atomic_output(args.out_src) as out_src, atomic_output(args.out_tgt) as out_tgt:
+        targets = []
+        for src, tgt in read_pairs(args.src, args.tgt):
+            total += 1
+            out_src.write(src + "\n")
+            out_tgt.write(tgt + "\n")
+            if tgt.strip():
+                targets.append(tgt)
+        for tgt in targets:
+            out_src.write(delete_spans(tgt, args.ratio, args.mean_span, rng) + "\n")
+            out_tgt.write(tgt + "\n")
+            added += 1
+    info(
+        f"denoise-pairs: {total} pairs + {added} (target with {args.ratio:g} of its words "
+        f"deleted -> target) -> {args.out_src}, {args.out_tgt}"
     )
 
 
@@ -830,6 +903,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out_src", metavar="OUT_SRC")
     p.add_argument("out_tgt", metavar="OUT_TGT")
     p.set_defaults(func=cmd_clean_corpus)
+
+    p = sub.add_parser(
+        "denoise-pairs", help="add (target with spans deleted -> target) pairs to a corpus"
+    )
+    p.add_argument("--ratio", type=float, default=0.3, help="share of words deleted (default 0.3)")
+    p.add_argument(
+        "--mean-span", type=float, default=3.0, help="mean deleted span in words (default 3)"
+    )
+    p.add_argument("--seed", type=_int_arg, default=1, help="random seed (default 1)")
+    p.add_argument("src", metavar="SRC")
+    p.add_argument("tgt", metavar="TGT")
+    p.add_argument("out_src", metavar="OUT_SRC")
+    p.add_argument("out_tgt", metavar="OUT_TGT")
+    p.set_defaults(func=cmd_denoise_pairs)
 
     p = sub.add_parser("sgm-extract", help="WMT .sgm -> one segment per line")
     p.add_argument("input", metavar="IN")
