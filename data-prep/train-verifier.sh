@@ -33,7 +33,9 @@ SIZE      base (default): --arch transformer_wmt_en_de --share-all-embeddings (6
             --truncate-source), seed 1; through cmasd's task (--user-dir fairseq_plugins --task
             translation_speculative --drafter-cuts 0, so decoding it needs --user-dir too), with
             the forward pass under bfloat16 autocast on a CPU with native bfloat16
-            (--drafter-bf16-autocast; CMASD_DRAFTER_FP32=1 trains in float32)
+            (--drafter-bf16-autocast; CMASD_DRAFTER_FP32=1 trains in float32).  On SAMSum, train
+            it on prepare-samsum.sh --with-summary-denoising's data (samsum-denoise): without
+            its copy pairs, two hours on 2 cores left the model ignoring its dialogue
 Further options go to fairseq-train unchanged and win over the recipe's, e.g.
   --max-update 200, --max-epoch 30, --stop-time-hours 1.5, --no-epoch-checkpoints, --patience 5
 --cpu is added when torch sees no CUDA GPU.
