@@ -25,7 +25,7 @@ import pytest
 from conftest import BIN, REPO, SAMSUM_OPTIONS, mirror_dir, run, tool_env
 
 from cmasd.tools.prep import main as prep_main
-from cmasd.tools.prep import normalize_line, split_sentences
+from cmasd.tools.prep import WORD_START, normalize_line, split_sentences
 
 SAMSUM = REPO / "data-prep" / "prepare-samsum.sh"  # the fixtures samsum and samsum_mirror: conftest
 CNNDM = REPO / "data-prep" / "prepare-cnndm.sh"
@@ -466,7 +466,7 @@ def word_pieces(line):
     """The words of a line of sentencepiece pieces, each a tuple of its pieces."""
     words = []
     for piece in line.split():
-        if piece.startswith(TURN_PIECE[0]) or not words:
+        if piece.startswith(WORD_START) or not words:
             words.append([piece])
         else:
             words[-1].append(piece)

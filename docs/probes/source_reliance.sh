@@ -15,12 +15,16 @@ awk 'NR == 1 { first = $0; next } { print } END { print first }' "$DATA/tok/$SPL
 cp "$DATA/tok/$SPLIT.tgt" "$WORK/rot.tgt"
 fairseq-preprocess --source-lang src --target-lang tgt --validpref "$WORK/rot" \
   --srcdict "$DATA/dict.txt" --tgtdict "$DATA/dict.txt" --destdir "$WORK/bin" --workers 1 \
-  > "$WORK/preprocess.log" 2>&1
+  > "$WORK/preprocess.log" 2>&1 || { tail -5 "$WORK/preprocess.log" >&2; echo "fairseq-preprocess failed" >&2; exit 1; }
 cp "$DATA/dict.txt" "$WORK/bin/dict.txt"
+# validate DATA SUBSET NAME: prints "NAME | loss L | nll_loss N", or stops with fairseq's last lines
 validate() {
   fairseq-validate "$1" --user-dir "$ROOT/fairseq_plugins" --task translation_speculative \
-    --path "$CKPT" --valid-subset "$2" --max-tokens 8192 --cpu 2>&1 |
-    grep -o '| loss [0-9.]* | nll_loss [0-9.]*' | tail -1
+    --path "$CKPT" --valid-subset "$2" --max-tokens 8192 --cpu > "$WORK/validate.log" 2>&1 || true
+  local scores
+  scores="$(grep -o '| loss [0-9.]* | nll_loss [0-9.]*' "$WORK/validate.log" | tail -1 || true)"
+  [[ -n "$scores" ]] || { tail -5 "$WORK/validate.log" >&2; echo "fairseq-validate failed" >&2; exit 1; }
+  echo "$3 $scores"
 }
-echo "own sources:     $(validate "$DATA" "$SPLIT")"
-echo "shifted sources: $(validate "$WORK/bin" valid)"
+validate "$DATA" "$SPLIT" "own sources:    "
+validate "$WORK/bin" valid "shifted sources:"
