@@ -344,6 +344,8 @@ EXTRA_NAMES=()       # --extra-test NAME SRC_FILE TGT_FILE, repeatable
 EXTRA_SRCS=()
 EXTRA_TGTS=()
 CONSUMED=0           # set by parse_common_option: how many arguments it used
+# --with-summary-denoising of the summarization recipes: the share of a summary's words deleted
+SUMMARY_DENOISE_RATIO=0.3
 
 # shellcheck disable=SC2034
 COMMON_OPTIONS_HELP='  --dest DIR              output directory (relative paths are taken from the current directory)

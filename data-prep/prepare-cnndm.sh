@@ -66,6 +66,12 @@ Options:
   --mirror-sample          the sample above
   --jsonl PATH             with --mirror-sample: read this jsonl instead of the mirror's
   --max-source-tokens N    keep at most N source pieces (default $DEFAULT_MAX_SOURCE_TOKENS)
+  --with-summary-denoising full or partial data: add to train one pair per training summary:
+                           the highlights with about 30% of their words deleted in spans of
+                           about 3 words -> the highlights (as prepare-samsum.sh's option: a
+                           copy task for a model trained from scratch; docs/RESULTS.md).  valid
+                           and test are unchanged; the vocabulary is trained on the plain pairs.
+                           "-denoise" is appended to the default output directory.
   --dest DIR               output directory (relative paths are taken from the current directory)
   --vocab-size N           full or partial data: joint sentencepiece vocabulary size (integer
                            >= 100; default 32000 full, 16000 partial)
@@ -92,6 +98,7 @@ EOF
 MODE=""
 INPUT_DIR=""
 JSONL=""
+DENOISE_RATIO=""
 SRC_MAX_TOKENS="$DEFAULT_MAX_SOURCE_TOKENS"
 while (( $# )); do
   case "$1" in
@@ -101,6 +108,7 @@ while (( $# )); do
       [[ -z "$MODE" || "$MODE" == "$mode" ]] || die "--mirror-sample and --mirror-partial exclude each other"
       MODE="$mode"; shift ;;
     --input-dir|--input-dir=*) _opt_value --input-dir "$@"; INPUT_DIR="$(abs_path "$OPT_VALUE")"; shift "$CONSUMED" ;;
+    --with-summary-denoising) DENOISE_RATIO="$SUMMARY_DENOISE_RATIO"; shift ;;
     --jsonl|--jsonl=*) _opt_value --jsonl "$@"; JSONL="$(abs_path "$OPT_VALUE")"; shift "$CONSUMED" ;;
     --max-source-tokens|--max-source-tokens=*)
       _opt_value --max-source-tokens "$@"; SRC_MAX_TOKENS="$OPT_VALUE"; shift "$CONSUMED"
@@ -115,6 +123,8 @@ check_reuse_options "$SPM_MODEL" "$DICT_FILE"
 
 if [[ "$MODE" == sample ]]; then
   [[ -z "$INPUT_DIR" ]] || die "--input-dir and --mirror-sample exclude each other"
+  [[ -z "$DENOISE_RATIO" ]] || die "--with-summary-denoising adds training pairs: the sample has" \
+    "no training split (use it with --mirror-partial or --input-dir)"
   [[ -n "$SPM_MODEL" ]] || die "--mirror-sample needs --spm-model and --dict: the 443-article sample" \
     "is a test set, too small to train a vocabulary on"
   [[ -z "$VOCAB" ]] || die "--vocab-size does not apply to --mirror-sample"
@@ -151,10 +161,14 @@ else
   VOCAB="${VOCAB:-32000}"
   DEFAULT_DEST="$CMASD_ROOT/data-bin/cnndm"
 fi
+[[ -n "$DENOISE_RATIO" ]] && DEFAULT_DEST+=-denoise
 DEST="$(abs_path "${DEST:-$DEFAULT_DEST}")"
 mkdir -p "$DEST/raw"
-log "CNN/DailyMail ($MODE) -> $DEST"
-steps_init "$DEST" "cnndm $MODE max-source-tokens=$SRC_MAX_TOKENS $(vocab_signature)"
+TITLE="CNN/DailyMail ($MODE)"
+[[ -n "$DENOISE_RATIO" ]] && TITLE+=" + summary denoising pairs"
+log "$TITLE -> $DEST"
+# (denoise= only when asked: data sets made before the option keep their signature)
+steps_init "$DEST" "cnndm $MODE${DENOISE_RATIO:+ denoise=$DENOISE_RATIO} max-source-tokens=$SRC_MAX_TOKENS $(vocab_signature)"
 
 if [[ "$MODE" == sample ]]; then
   if ! done_step split; then

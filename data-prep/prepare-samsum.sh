@@ -22,7 +22,6 @@ EXPECTED_MIRROR=(14731 818 819)
 EXPECTED_UPSTREAM=(14732 818 819)  # upstream train holds one record with an empty dialogue
 DIALOGSUM_EXPECTED=12460
 DEFAULT_MAX_SOURCE_TOKENS=1000
-DENOISE_RATIO_VALUE=0.3
 
 usage() {
   cat <<EOF
@@ -105,7 +104,7 @@ while (( $# )); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --with-dialogsum) WITH_DIALOGSUM=1; shift ;;
-    --with-summary-denoising) DENOISE_RATIO="$DENOISE_RATIO_VALUE"; shift ;;
+    --with-summary-denoising) DENOISE_RATIO="$SUMMARY_DENOISE_RATIO"; shift ;;
     --max-source-tokens|--max-source-tokens=*)
       _opt_value --max-source-tokens "$@"; SRC_MAX_TOKENS="$OPT_VALUE"; shift "$CONSUMED"
       [[ "$SRC_MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] \

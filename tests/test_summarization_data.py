@@ -250,16 +250,24 @@ def test_cnndm_partial_lead3(cnndm_partial):
         assert article.startswith(first)
 
 
+FULL_LAYOUT_SIZES = {"train": 200, "val": 30, "test": 30}
+
+
+def full_layout(partial_mirror, folder):
+    """The first FULL_LAYOUT_SIZES articles of the partial data in fairseq's BART layout."""
+    folder.mkdir()
+    for name, n in FULL_LAYOUT_SIZES.items():
+        records = read_records(partial_mirror / "cnndm-partial" / f"{name}.jsonl.gz")[:n]
+        write(folder / f"{name}.source", "".join(r["src"] + "\n" for r in records))
+        write(folder / f"{name}.target", "".join(r["tgt"] + "\n" for r in records))
+    return folder
+
+
 def test_cnndm_full_data_layout_still_works(samsum, partial_mirror, tmp_path):
     """--input-dir (fairseq's BART layout), here a few hundred articles of the partial data:
     references cut into sentences by rule, the Lead-3 file, every line kept."""
-    sizes = {"train": 200, "val": 30, "test": 30}
-    source = tmp_path / "cnndm"
-    source.mkdir()
-    for name, n in sizes.items():
-        records = read_records(partial_mirror / "cnndm-partial" / f"{name}.jsonl.gz")[:n]
-        write(source / f"{name}.source", "".join(r["src"] + "\n" for r in records))
-        write(source / f"{name}.target", "".join(r["tgt"] + "\n" for r in records))
+    sizes = FULL_LAYOUT_SIZES
+    source = full_layout(partial_mirror, tmp_path / "cnndm")
     dest = tmp_path / "out"
     run(["bash", CNNDM, "--input-dir", source, "--dest", dest, "--spm-model", samsum / "spm.model",
          "--dict", samsum / "dict.txt"])
@@ -270,6 +278,26 @@ def test_cnndm_full_data_layout_still_works(samsum, partial_mirror, tmp_path):
     assert [ref[0].split("\n") for ref in refs] == [split_sentences(target) for target in targets]
     assert sum("\n" in ref[0] for ref in refs) > len(refs) // 2
     assert len(lines(dest / "raw" / "test.lead3")) == sizes["test"]
+
+
+def test_cnndm_summary_denoising_adds_one_copy_pair_per_training_summary(samsum, partial_mirror, tmp_path):
+    """prepare-cnndm.sh --with-summary-denoising: as SAMSum's option, one (highlights with spans
+    deleted -> highlights) pair more per training article, valid and test untouched."""
+    source = full_layout(partial_mirror, tmp_path / "cnndm")
+    vocab = ["--spm-model", samsum / "spm.model", "--dict", samsum / "dict.txt"]
+    plain, noised = tmp_path / "plain", tmp_path / "noised"
+    run(["bash", CNNDM, "--input-dir", source, "--dest", plain, *vocab])
+    proc = run(["bash", CNNDM, "--input-dir", source, "--dest", noised, "--with-summary-denoising", *vocab])
+    assert "+ summary denoising pairs" in proc.stderr
+    n = FULL_LAYOUT_SIZES["train"]
+    source_lines, target_lines = lines(noised / "tok" / "train.src"), lines(noised / "tok" / "train.tgt")
+    assert len(source_lines) == len(target_lines) == 2 * n
+    assert source_lines[:n] == lines(plain / "tok" / "train.src")
+    assert target_lines[:n] == target_lines[n:] == lines(plain / "tok" / "train.tgt")
+    assert all(len(noisy.split()) < len(summary.split()) for noisy, summary in zip(source_lines[n:], target_lines[n:]))
+    for name in ("valid.src", "valid.tgt", "test.src", "test.tgt"):
+        assert lines(noised / "tok" / name) == lines(plain / "tok" / name)
+    assert split_counts(noised)["train.src-tgt.src"] == 2 * n
 
 
 def test_cnndm_sample_references_are_split_into_sentences(samsum, tmp_path):
@@ -318,6 +346,9 @@ BAD_INPUT = {
     "partial-and-sample": (
         [CNNDM, "--mirror-partial", "--mirror-sample"], {},
         "--mirror-sample and --mirror-partial exclude each other"),
+    "sample-denoising": (
+        [CNNDM, "--mirror-sample", "--with-summary-denoising"], {},
+        "--with-summary-denoising adds training pairs: the sample has no training split"),
     "partial-bad-source-tokens": (
         [CNNDM, "--mirror-partial", "--max-source-tokens", "-5"], {},
         "bad --max-source-tokens '-5': expected a positive integer"),
