@@ -89,7 +89,8 @@ Output (DIR):
                                   separated by "\n" (as rouge-score's rougeLsum reads them)
   raw/test.lead3                  Lead-3: the first $LEAD sentences of each article (full text,
                                   before truncation), joined by spaces, one per line
-  tok/SPLIT.{src,tgt}             pieces (sources already truncated)
+  tok/SPLIT.{src,tgt}             pieces (sources already truncated; with --with-summary-denoising,
+                                  tok/train.plain.{src,tgt} holds train without the added pairs)
 Reruns skip finished steps; changed options redo them.
 Environment: CMASD_DATA_MIRROR (local mirror), CMASD_PYTHON (python with fairseq+sentencepiece).
 EOF
