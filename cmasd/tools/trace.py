@@ -28,11 +28,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 from cmasd.decoding.generator import SpeculativeGenerator, StepRecord
 from cmasd.errors import one_line
+from cmasd.tools.prep import WORD_START
 
 PROG = "cmasd-trace"
 logger = logging.getLogger("cmasd.trace")
 
-WORD = "\u2581"  # sentencepiece's word-boundary mark
 DEFAULT_SENTENCES = 3
 
 # --------------------------------------------------------------------------- traces
@@ -133,7 +133,7 @@ class Pieces:
 
     def __init__(self, dictionary):
         self.dictionary = dictionary
-        self.marked = any(symbol.startswith(WORD) for symbol in dictionary.symbols)
+        self.marked = any(symbol.startswith(WORD_START) for symbol in dictionary.symbols)
         self.hidden = {dictionary.eos(), dictionary.pad()}
 
     def show(self, token: int) -> Tuple[str, bool]:
@@ -141,7 +141,7 @@ class Pieces:
         symbol = self.dictionary[token]
         if not self.marked or token < self.dictionary.nspecial:  # eos, unk: a word of their own
             return symbol, True
-        starts = symbol.startswith(WORD)
+        starts = symbol.startswith(WORD_START)
         text = symbol[1:] if starts else symbol
         return (text or "\u2423"), starts  # a lone word mark: an open box
 
@@ -150,7 +150,7 @@ class Pieces:
         symbols = [self.dictionary[t] for t in tokens if t not in self.hidden]
         if not self.marked:
             return " ".join(symbols)
-        return "".join(symbols).replace(WORD, " ").strip()
+        return "".join(symbols).replace(WORD_START, " ").strip()
 
 
 # A token's part in its iteration.
