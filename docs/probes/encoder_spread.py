@@ -10,15 +10,9 @@ position (a spread near 0); at initialisation it is about 1.
     python docs/probes/encoder_spread.py DATA CHECKPOINT [CHECKPOINT ...] [--subset valid] [--sentences 8]
 """
 
-import argparse
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-import fairseq_plugins  # noqa: E402,F401  (cmasd's task and models and the checkpoint allow-list, as --user-dir loads them)
-from fairseq import checkpoint_utils  # noqa: E402
+from probe_models import each_checkpoint, parse_args
 
 
 def spread(states: torch.Tensor, keep: torch.Tensor) -> float:
@@ -27,18 +21,8 @@ def spread(states: torch.Tensor, keep: torch.Tensor) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", help="the data-bin the checkpoint was trained on")
-    parser.add_argument("checkpoints", nargs="+")
-    parser.add_argument("--subset", default="valid")
-    parser.add_argument("--sentences", type=int, default=8)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    for path in args.checkpoints:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": args.data})
-        model = models[0].float().eval()
-        task.load_dataset(args.subset)
-        dataset = task.dataset(args.subset)
+    args = parse_args(__doc__)
+    for path, model, task, dataset in each_checkpoint(args):
         batch = dataset.collater([dataset[i] for i in range(min(args.sentences, len(dataset)))])
         src = batch["net_input"]["src_tokens"]
         with torch.no_grad():
