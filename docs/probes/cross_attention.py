@@ -21,17 +21,18 @@ from probe_models import each_checkpoint, parse_args
 def main() -> None:
     args = parse_args(__doc__)
     for path, model, task, dataset in each_checkpoint(args):
-        pairs = [dataset.collater([dataset[i]]) for i in range(min(args.sentences, len(dataset)))]
+        pairs = []  # (decoder input, encoder output): the encoder runs once a pair
+        for i in range(min(args.sentences, len(dataset))):
+            net_input = dataset.collater([dataset[i]])["net_input"]
+            with torch.no_grad():
+                encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+            pairs.append((net_input["prev_output_tokens"], encoder_out))
         rows = []
         for layer in range(len(model.decoder.layers)):
             entropy, peak = 0.0, 0.0
-            for batch in pairs:
-                net_input = batch["net_input"]
+            for prev_output_tokens, encoder_out in pairs:
                 with torch.no_grad():
-                    encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-                    _, extra = model.decoder(
-                        net_input["prev_output_tokens"], encoder_out=encoder_out, alignment_layer=layer
-                    )
+                    _, extra = model.decoder(prev_output_tokens, encoder_out=encoder_out, alignment_layer=layer)
                 attn = extra["attn"][0][0]  # target positions x source positions
                 uniform = math.log(attn.size(1)) if attn.size(1) > 1 else 1.0
                 entropy += (-(attn.clamp_min(1e-9).log() * attn).sum(-1).mean().item()) / uniform
