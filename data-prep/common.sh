@@ -6,8 +6,8 @@
 # Provides
 #   CMASD_ROOT                repository root (resolved from this file's location)
 #   PY                        python: $CMASD_PYTHON, else <root>/.venv/bin/python, else python3
-#   PREP                      array: "$PY" <root>/cmasd/tools/prep.py (the cmasd-prep tool, run as a
-#                             file so that the package's __init__ is never imported)
+#   PREP                      array: "$PY" -m cmasd.tools.prep, this checkout's (the cmasd-prep tool:
+#                             standard library and sentencepiece, none of torch or fairseq)
 #   log MSG...                progress on stderr, "[cmasd prep] MSG"
 #   die MSG...                error on stderr, exit 1
 #   fairseq_tool NAME         command (array FAIRSEQ_CMD) for fairseq-NAME (preprocess, train, ...)
@@ -66,7 +66,7 @@ else
   PY="python3"
 fi
 command -v "$PY" >/dev/null 2>&1 || die "python not found: $PY (set CMASD_PYTHON)"
-PREP=("$PY" "$CMASD_ROOT/cmasd/tools/prep.py")
+PREP=(env "PYTHONPATH=$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m cmasd.tools.prep)
 
 # fairseq_tool NAME: sets the array FAIRSEQ_CMD to run fairseq-NAME.  Looks next to the
 # chosen python first (so CMASD_PYTHON=/some/env/bin/python picks that env's fairseq), then

@@ -19,12 +19,12 @@ of the verifier's (frozen by default, in which case decoding reuses the verifier
 encoder output), the token embeddings (tied input/output) start from the verifier's, and
 the decoder layers start from the verifier's bottom layers (``--decoder-init``).
 
-The layers are fairseq ``TransformerDecoderLayer`` modules run by
-``cmasd.decoding.attention`` with explicit masks in training (one pass scores several cut
+The layers are fairseq ``TransformerDecoderLayer`` modules run on their own modules by
+``cmasd.layers.transformer`` with explicit masks in training (one pass scores several cut
 points of a target); in decoding (ragged rows, cache) ``cmasd.drafters.spec_drafter``
 runs a copy of their weights prepared by ``cmasd.decoding.attention.DecodingDecoder``
-(fused projections, chosen kernels), the same arithmetic to float tolerance (tests
-compare the two).
+(fused projections, chosen kernels): the same layer arithmetic on other linear layers,
+equal to float tolerance (tests compare the two).
 """
 
 from dataclasses import dataclass, field
@@ -42,15 +42,15 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from cmasd.decoding.attention import (
+from cmasd.layers.transformer import (
     check_supported_layer,
     cross_keys,
     decoder_states,
     embed,
     embed_vectors,
+    encoder_states,
     output_logits,
 )
-from cmasd.decoding.cache import encoder_states
 from cmasd.models.verifier import DrafterOfVerifier, drafter_configs
 
 DECODER_INIT_CHOICES = ChoiceEnum(["verifier", "random"])
@@ -184,7 +184,7 @@ class SpecDrafterDecoder(TransformerDecoderBase):
         mask = torch.cat([top, bottom], dim=1)[:, None]  # (B, 1, T + G*K, T + G*K)
 
         cross, cross_mask = self.cross_attention(encoder_out)
-        states = decoder_states(self, x, lambda index, k, v: (k, v, mask), cross, cross_mask)
+        states = decoder_states(self, x, lambda index, kv: (*kv, mask), cross, cross_mask)
         slot_states = states[:, length:].view(bsz, groups, block, -1)  # (B, G, K, C)
         if features_only:
             return slot_states
