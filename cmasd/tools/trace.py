@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 from cmasd.decoding.generator import SpeculativeGenerator, StepRecord
 from cmasd.errors import one_line
-from cmasd.tools.prep import WORD_START
+from cmasd.tools.pieces import WORD_START
 
 PROG = "cmasd-trace"
 logger = logging.getLogger("cmasd.trace")
