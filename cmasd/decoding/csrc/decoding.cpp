@@ -6,10 +6,12 @@
 // for up to four input rows held in registers. AVX2 + FMA through GCC vector extensions
 // (compiled with -mavx2 -mfma; the loader checks the CPU first).
 //
-// FusedDecoder: the layers of cmasd.decoding.attention.DecodingDecoder (post- or
-// pre-norm, ReLU feed-forward) run in one call, the same operations in the same order as
-// DecodingLayer.__call__ with the block scorer's cache writes, so that a pass costs its
-// arithmetic and torch's operator dispatch but no Python.
+// FusedDecoder: the C++ backend of cmasd.layers.transformer.TransformerLayer. The layers
+// of a cmasd.decoding.attention.DecodingDecoder (PreparedLayers on gemv kernels, post- or
+// pre-norm, ReLU feed-forward) run in one call: TransformerLayer.forward transcribed (the
+// same residual blocks, the same operations in the same order) with the block scorer's
+// cache writes, so that a pass costs its arithmetic and torch's operator dispatch but no
+// Python. Its parity with the Python layers is tested (tests/test_block_scoring.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -174,36 +176,40 @@ class FusedDecoder {
                 "FusedDecoder.states: one cache and one encoder key/value pair per layer");
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
-      auto residual = x;
-      if (normalize_before_) x = at::layer_norm(x, {C}, L.self_norm_w, L.self_norm_b, L.self_eps);
-      auto qkv = linear(x, L.qkv_w, L.qkv_b, false).view({B, T, 3 * H, d}).transpose(1, 2);  // (B, 3H, T, d)
-      auto q = qkv.slice(1, 0, H);
-      if (L.self_scaling != 0.0) q = q * L.self_scaling;
-      kv[i].scatter_(2, where, qkv.slice(1, H, 3 * H));
-      auto keys = kv[i].slice(1, 0, H).slice(2, 0, used);
-      auto values = kv[i].slice(1, H, 2 * H).slice(2, 0, used);
-      x = residual + linear(attend(q, keys, values, self_bias), L.self_out_w, L.self_out_b, false);
-      if (!normalize_before_) x = at::layer_norm(x, {C}, L.self_norm_w, L.self_norm_b, L.self_eps);
-
+      x = residual(x, L.self_norm_w, L.self_norm_b, L.self_eps, [&](const torch::Tensor& h) {  // self_attention
+        auto qkv = linear(h, L.qkv_w, L.qkv_b, false).view({B, T, 3 * H, d}).transpose(1, 2);  // (B, 3H, T, d)
+        auto q = qkv.slice(1, 0, H);
+        if (L.self_scaling != 0.0) q = q * L.self_scaling;
+        kv[i].scatter_(2, where, qkv.slice(1, H, 3 * H));
+        auto keys = kv[i].slice(1, 0, H).slice(2, 0, used);
+        auto values = kv[i].slice(1, H, 2 * H).slice(2, 0, used);
+        return linear(attend(q, keys, values, self_bias), L.self_out_w, L.self_out_b, false);
+      });
       if (L.has_cross) {
-        residual = x;
-        if (normalize_before_) x = at::layer_norm(x, {C}, L.cross_norm_w, L.cross_norm_b, L.cross_eps);
-        auto cq = split_heads(linear(x, L.cross_q_w, L.cross_q_b, false), H);
-        if (L.cross_scaling != 0.0) cq = cq * L.cross_scaling;
-        x = residual + linear(attend(cq, cross_k[i], cross_v[i], cross_bias), L.cross_out_w,
-                              L.cross_out_b, false);
-        if (!normalize_before_) x = at::layer_norm(x, {C}, L.cross_norm_w, L.cross_norm_b, L.cross_eps);
+        x = residual(x, L.cross_norm_w, L.cross_norm_b, L.cross_eps, [&](const torch::Tensor& h) {  // cross_attention
+          auto q = split_heads(linear(h, L.cross_q_w, L.cross_q_b, false), H);
+          if (L.cross_scaling != 0.0) q = q * L.cross_scaling;
+          return linear(attend(q, cross_k[i], cross_v[i], cross_bias), L.cross_out_w, L.cross_out_b, false);
+        });
       }
-
-      residual = x;
-      if (normalize_before_) x = at::layer_norm(x, {C}, L.final_norm_w, L.final_norm_b, L.final_eps);
-      x = residual + linear(linear(x, L.fc1_w, L.fc1_b, true), L.fc2_w, L.fc2_b, false);
-      if (!normalize_before_) x = at::layer_norm(x, {C}, L.final_norm_w, L.final_norm_b, L.final_eps);
+      x = residual(x, L.final_norm_w, L.final_norm_b, L.final_eps, [&](const torch::Tensor& h) {  // feed_forward
+        return linear(linear(h, L.fc1_w, L.fc1_b, true), L.fc2_w, L.fc2_b, false);
+      });
     }
     return x;
   }
 
  private:
+  // TransformerLayer.residual: x + sublayer(x), the layer norm on the sublayer's input
+  // (pre-norm) or on the sum (post-norm).
+  template <typename Sublayer>
+  torch::Tensor residual(const torch::Tensor& x, const torch::Tensor& norm_w, const torch::Tensor& norm_b,
+                         double eps, Sublayer sublayer) const {
+    const int64_t C = x.size(2);
+    if (normalize_before_) return x + sublayer(at::layer_norm(x, {C}, norm_w, norm_b, eps));
+    return at::layer_norm(x + sublayer(x), {C}, norm_w, norm_b, eps);
+  }
+
   int64_t heads_;
   bool normalize_before_;
   std::vector<Layer> layers_;
