@@ -32,6 +32,9 @@
 #   summarize DEST            print the sentence counts of every binarized split
 #   parse_common_option ARGS  the options every translation recipe shares (see COMMON_OPTIONS_HELP)
 #   finish_recipe             vocabulary, encoding, filtering, binarization, extra test sets
+#   train_recipe SAVE_PREFIX RECIPE_FN ARGS...
+#                             a drafter training recipe: --help, its inputs checked, then
+#                             fairseq-train with the shared options and the recipe's own
 #   drafter_recipe_inputs DATASET VERIFIER
 #                             the inputs of a drafter recipe, checked: sets DATA (the data-bin,
 #                             with train and valid splits), NAME (its folder name), VERIFIER
@@ -86,6 +89,38 @@ fairseq_tool() {
 }
 
 # ------------------------------------------------------------------ drafter training
+
+# train_recipe SAVE_PREFIX RECIPE_FN ARGS...: the body of the drafter training recipes
+# (train-drafter.sh, train-ar-drafter.sh, train-exit-heads.sh, train-blockwise-heads.sh).
+# ARGS are the recipe's own: -h/--help prints the caller's `usage`; else DATASET VERIFIER
+# [fairseq-train options...], checked by drafter_recipe_inputs. Then RECIPE_FN (the
+# caller's; it may read DATA, NAME, VERIFIER and WIDTH) sets the array RECIPE, the options
+# after --task (drafter cuts, arch, criterion, optimizer, schedule, batch, best metric), and
+# logs what it trains; fairseq-train replaces the shell with
+#   DATA --user-dir fairseq_plugins --task translation_speculative RECIPE...
+#   --skip-invalid-size-inputs-valid-test --save-dir checkpoints/SAVE_PREFIX-NAME
+#   --log-format simple --log-interval 50 DEVICE_OPTIONS... [fairseq-train options...]
+# so that the options given after VERIFIER come last and win.
+train_recipe() {
+  local save_prefix="$1" recipe_fn="$2"
+  shift 2
+  case "${1:-}" in
+    -h|--help) usage; exit 0 ;;
+  esac
+  (( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
+  drafter_recipe_inputs "$1" "$2"
+  shift 2
+  fairseq_tool train
+  RECIPE=()
+  "$recipe_fn"
+  exec "${FAIRSEQ_CMD[@]}" "$DATA" \
+    --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative \
+    ${RECIPE[@]+"${RECIPE[@]}"} \
+    --skip-invalid-size-inputs-valid-test \
+    --save-dir "$CMASD_ROOT/checkpoints/$save_prefix-$NAME" \
+    --log-format simple --log-interval 50 \
+    ${DEVICE_OPTIONS[@]+"${DEVICE_OPTIONS[@]}"} "$@"
+}
 
 drafter_recipe_inputs() {
   resolve_data_bin "$1"

@@ -42,24 +42,14 @@ CMASD_DRAFTER_FP32=1 (train in float32 on a CPU with native bfloat16).
 USAGE
 }
 
-case "${1:-}" in
-  -h|--help) usage; exit 0 ;;
-esac
-(( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
-drafter_recipe_inputs "$1" "$2"
-shift 2
+recipe() {
+  RECIPE=(--drafter-cuts 0
+    --arch ar_drafter_1l --verifier-path "$VERIFIER" --decoder-layers 1
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+    --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 1.0 --weight-decay 0.0001
+    --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7
+    --dropout 0.1 --max-tokens 4096 --max-update 30000)
+  log "autoregressive draft model for $VERIFIER (width $WIDTH) on $DATA"
+}
 
-fairseq_tool train
-log "autoregressive draft model for $VERIFIER (width $WIDTH) on $DATA"
-exec "${FAIRSEQ_CMD[@]}" "$DATA" \
-  --user-dir "$CMASD_ROOT/fairseq_plugins" \
-  --task translation_speculative --drafter-cuts 0 \
-  --arch ar_drafter_1l --verifier-path "$VERIFIER" --decoder-layers 1 \
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 1.0 --weight-decay 0.0001 \
-  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7 \
-  --dropout 0.1 --max-tokens 4096 --max-update 30000 \
-  --skip-invalid-size-inputs-valid-test \
-  --save-dir "$CMASD_ROOT/checkpoints/ar-drafter-$NAME" \
-  --log-format simple --log-interval 50 \
-  ${DEVICE_OPTIONS[@]+"${DEVICE_OPTIONS[@]}"} "$@"
+train_recipe ar-drafter recipe "$@"

@@ -40,25 +40,15 @@ Environment: CMASD_PYTHON (python with fairseq and torch; default .venv/bin/pyth
 EOF_USAGE
 }
 
-case "${1:-}" in
-  -h|--help) usage; exit 0 ;;
-esac
-(( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
-drafter_recipe_inputs "$1" "$2"
-shift 2
+recipe() {
+  RECIPE=(--drafter-cuts 0
+    --arch blockwise_heads --verifier-path "$VERIFIER" --blockwise-k 25 --blockwise-ffn-dim 1024
+    --criterion blockwise_heads_loss --label-smoothing 0.1
+    --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3
+    --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7
+    --max-tokens 1024 --max-update 3000
+    --best-checkpoint-metric acc --maximize-best-checkpoint-metric)
+  log "blockwise heads for $VERIFIER on $DATA"
+}
 
-fairseq_tool train
-log "blockwise heads for $VERIFIER on $DATA"
-exec "${FAIRSEQ_CMD[@]}" "$DATA" \
-  --user-dir "$CMASD_ROOT/fairseq_plugins" \
-  --task translation_speculative --drafter-cuts 0 \
-  --arch blockwise_heads --verifier-path "$VERIFIER" --blockwise-k 25 --blockwise-ffn-dim 1024 \
-  --criterion blockwise_heads_loss --label-smoothing 0.1 \
-  --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3 \
-  --lr-scheduler inverse_sqrt --warmup-updates 100 --warmup-init-lr 1e-7 \
-  --max-tokens 1024 --max-update 3000 \
-  --best-checkpoint-metric acc --maximize-best-checkpoint-metric \
-  --skip-invalid-size-inputs-valid-test \
-  --save-dir "$CMASD_ROOT/checkpoints/blockwise-heads-$NAME" \
-  --log-format simple --log-interval 50 \
-  ${DEVICE_OPTIONS[@]+"${DEVICE_OPTIONS[@]}"} "$@"
+train_recipe blockwise-heads recipe "$@"

@@ -11,8 +11,9 @@ Usage: bash data-prep/train-drafter.sh DATASET VERIFIER [fairseq-train options..
 Trains the Spec-Drafter of the CM-ASD / SpecDec setup (2 decoder layers at the verifier's
 width, the verifier's frozen encoder, k_max = 25 mask slots) with stock fairseq-train:
   --user-dir fairseq_plugins --task translation_speculative --criterion spec_drafter_loss
-  --arch spec_drafter_compact (verifier width <= 256) or spec_drafter_base
-  --verifier-path VERIFIER
+  --arch spec_drafter_base --verifier-path VERIFIER
+(one architecture for every verifier: widths, heads and positions follow the verifier;
+spec_drafter_compact is another name for it, kept for older commands and checkpoints)
 
 DATASET   a data-bin directory, or the name of one under data-bin/ (e.g. multi30k, or
           multi30k-distill made by data-prep/distill.sh: SpecDec trains the drafter on the
@@ -41,28 +42,15 @@ CMASD_DRAFTER_FP32=1 (train in float32 on a CPU with native bfloat16).
 EOF
 }
 
-case "${1:-}" in
-  -h|--help) usage; exit 0 ;;
-esac
-(( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
-drafter_recipe_inputs "$1" "$2"
-shift 2
+recipe() {
+  RECIPE=(--drafter-cuts 4
+    --arch spec_drafter_base --verifier-path "$VERIFIER" --block-size 25 --decoder-layers 2
+    --criterion spec_drafter_loss --label-smoothing 0.1 --glat-schedule 0
+    --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 1.0 --weight-decay 0.0001
+    --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 1000 --warmup-init-lr 1e-7
+    --dropout 0.1 --max-tokens 4096 --max-update 30000
+    --best-checkpoint-metric exp_accept --maximize-best-checkpoint-metric)
+  log "drafter for $VERIFIER (width $WIDTH) on $DATA"
+}
 
-# The arch name follows the verifier's width (the dimensions themselves always do).
-if (( WIDTH <= 256 )); then ARCH=spec_drafter_compact; else ARCH=spec_drafter_base; fi
-
-fairseq_tool train
-log "drafter for $VERIFIER (width $WIDTH, $ARCH) on $DATA"
-exec "${FAIRSEQ_CMD[@]}" "$DATA" \
-  --user-dir "$CMASD_ROOT/fairseq_plugins" \
-  --task translation_speculative --drafter-cuts 4 \
-  --arch "$ARCH" --verifier-path "$VERIFIER" --block-size 25 --decoder-layers 2 \
-  --criterion spec_drafter_loss --label-smoothing 0.1 --glat-schedule 0 \
-  --optimizer adam --adam-betas '(0.9,0.98)' --clip-norm 1.0 --weight-decay 0.0001 \
-  --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 1000 --warmup-init-lr 1e-7 \
-  --dropout 0.1 --max-tokens 4096 --max-update 30000 \
-  --best-checkpoint-metric exp_accept --maximize-best-checkpoint-metric \
-  --skip-invalid-size-inputs-valid-test \
-  --save-dir "$CMASD_ROOT/checkpoints/drafter-$NAME" \
-  --log-format simple --log-interval 50 \
-  ${DEVICE_OPTIONS[@]+"${DEVICE_OPTIONS[@]}"} "$@"
+train_recipe drafter recipe "$@"

@@ -42,27 +42,17 @@ Environment: CMASD_PYTHON (python with fairseq and torch; default .venv/bin/pyth
 EOF_USAGE
 }
 
-case "${1:-}" in
-  -h|--help) usage; exit 0 ;;
-esac
-(( $# >= 2 )) || { usage >&2; die "expected DATASET and VERIFIER"; }
-drafter_recipe_inputs "$1" "$2"
-shift 2
+recipe() {
+  local head_options=(--exit-adapter)
+  if [[ "${CMASD_EXIT_ADAPTER:-1}" == 0 ]]; then head_options=(); fi
+  RECIPE=(--drafter-cuts 0
+    --arch exit_heads --verifier-path "$VERIFIER" ${head_options[@]+"${head_options[@]}"}
+    --criterion exit_heads_loss --label-smoothing 0.1
+    --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3
+    --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7
+    --max-tokens 4096 --max-update 3000
+    --best-checkpoint-metric agree --maximize-best-checkpoint-metric)
+  log "exit heads for $VERIFIER on $DATA"
+}
 
-fairseq_tool train
-HEAD_OPTIONS=(--exit-adapter)
-[[ "${CMASD_EXIT_ADAPTER:-1}" == 0 ]] && HEAD_OPTIONS=()
-log "exit heads for $VERIFIER on $DATA"
-exec "${FAIRSEQ_CMD[@]}" "$DATA" \
-  --user-dir "$CMASD_ROOT/fairseq_plugins" \
-  --task translation_speculative --drafter-cuts 0 \
-  --arch exit_heads --verifier-path "$VERIFIER" ${HEAD_OPTIONS[@]+"${HEAD_OPTIONS[@]}"} \
-  --criterion exit_heads_loss --label-smoothing 0.1 \
-  --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3 \
-  --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-7 \
-  --max-tokens 4096 --max-update 3000 \
-  --best-checkpoint-metric agree --maximize-best-checkpoint-metric \
-  --skip-invalid-size-inputs-valid-test \
-  --save-dir "$CMASD_ROOT/checkpoints/exit-heads-$NAME" \
-  --log-format simple --log-interval 50 \
-  ${DEVICE_OPTIONS[@]+"${DEVICE_OPTIONS[@]}"} "$@"
+train_recipe exit-heads recipe "$@"

@@ -23,16 +23,15 @@ register_model("blockwise_heads", dataclass=BlockwiseHeadsConfig)(BlockwiseHeads
 
 @register_model_architecture("spec_drafter", "spec_drafter_base")
 def spec_drafter_base(cfg):
-    """Drafter of a base verifier (e.g. 512/2048, 8 heads). Widths, heads and position
-    embeddings always follow the verifier (``--verifier-path``); the dataclass defaults
-    (2 decoder layers, block 25) apply unless given on the command line."""
+    """The Spec-Drafter's one architecture, for any verifier (a base 512/2048 one as a
+    compact 256/1024 one). Widths, heads and position embeddings always follow the verifier
+    (``--verifier-path``); the dataclass defaults (2 decoder layers, block 25) apply unless
+    given on the command line."""
 
 
-@register_model_architecture("spec_drafter", "spec_drafter_compact")
-def spec_drafter_compact(cfg):
-    """Drafter of a compact verifier (e.g. 256/1024, 4 heads): the same recipe as
-    ``spec_drafter_base`` (2 decoder layers at the verifier's width); the name only
-    documents which verifier a recipe pairs it with."""
+# An older name of the same architecture (train-drafter.sh once chose it for verifiers of
+# width <= 256): commands and checkpoints that name it still work.
+register_model_architecture("spec_drafter", "spec_drafter_compact")(spec_drafter_base)
 
 
 @register_model_architecture("ar_drafter", "ar_drafter_1l")

@@ -1,13 +1,19 @@
-"""The periphery: cmasd-prep's subcommand table."""
+"""The periphery: cmasd-prep's subcommand table, and the drafter training recipes
+(data-prep/train-*.sh) with their shared fairseq-train call in common.sh, run against a
+stub fairseq-train that prints its arguments (no data mirror, no training)."""
 
 import ast
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
 
+import fairseq_plugins  # noqa: F401  (registers the architectures, as --user-dir does)
 from cmasd.tools import pieces, prep
 from cmasd.tools.prep import cli, fairseq_files, normalize, parallel, sentences, subwords, summaries
 
@@ -94,3 +100,98 @@ def test_trace_reads_the_word_mark_without_importing_prep():
     assert not any(name.startswith("cmasd.tools.prep") for name in imported)
     assert "cmasd.tools.pieces" in imported
     assert prep.WORD_START is pieces.WORD_START == "\u2581"
+
+
+# ------------------------------------------------------------------ the Spec-Drafter's architecture
+
+
+def test_spec_drafter_compact_is_another_name_of_spec_drafter_base():
+    """The two names were two identical architectures; one is now the other's alias, so
+    older commands and checkpoints naming spec_drafter_compact build the same model."""
+    assert ARCH_MODEL_NAME_REGISTRY["spec_drafter_base"] == "spec_drafter"
+    assert ARCH_MODEL_NAME_REGISTRY["spec_drafter_compact"] == "spec_drafter"
+    assert ARCH_CONFIG_REGISTRY["spec_drafter_compact"] is ARCH_CONFIG_REGISTRY["spec_drafter_base"]
+
+
+# ------------------------------------------------------------------ the training recipes
+
+# recipe -> (--arch it trains, its checkpoint folder's prefix)
+RECIPES = {
+    "train-drafter": ("spec_drafter_base", "drafter"),
+    "train-ar-drafter": ("ar_drafter_1l", "ar-drafter"),
+    "train-exit-heads": ("exit_heads", "exit-heads"),
+    "train-blockwise-heads": ("blockwise_heads", "blockwise-heads"),
+}
+USER_OPTIONS = ["--max-update", "7", "--save-dir", "my dir"]
+
+
+@pytest.fixture(scope="module")
+def recipe_commands(tmp_path_factory):
+    """{(recipe, verifier width): fairseq-train's argument list} of every recipe, run with a
+    stub fairseq-train beside a stub python (common.sh looks there first); all at once."""
+    root = tmp_path_factory.mktemp("recipes")
+    stub = root / "bin"
+    stub.mkdir()
+    (stub / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (stub / "fairseq-train").write_text(textwrap.dedent("""\
+        #!/bin/sh
+        for a in "$@"; do printf '%s\\n' "$a"; done
+        """))
+    for tool in stub.iterdir():
+        tool.chmod(0o755)
+    data = root / "data-bin" / "toy"
+    data.mkdir(parents=True)
+    for split in ("train.en-de.en.idx", "valid.en-de.en.idx"):
+        (data / split).touch()
+    for width in (256, 512):
+        torch.save({"model": {"decoder.embed_tokens.weight": torch.zeros(4, width)}}, root / f"v{width}.pt")
+    runs = [(recipe, 512) for recipe in RECIPES] + [("train-drafter", 256)]
+    env = dict(os.environ, CMASD_PYTHON=str(stub / "python"), OMP_NUM_THREADS="1")
+    procs = {
+        run: subprocess.Popen(["bash", REPO / "data-prep" / f"{run[0]}.sh", data, root / f"v{run[1]}.pt", *USER_OPTIONS],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+        for run in runs
+    }
+    commands = {}
+    for run, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{run}: {err}"
+        commands[run] = (out.splitlines(), str(data), str(root / f"v{run[1]}.pt"))
+    return commands
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipes_share_one_fairseq_train_call(recipe, recipe_commands):
+    """Each recipe's own options sit between the shared head (data, plugins, task) and the
+    shared tail (checkpoint folder, log format, device options), and the options given
+    after VERIFIER come last."""
+    argv, data, verifier = recipe_commands[(recipe, 512)]
+    arch, prefix = RECIPES[recipe]
+    assert argv[:5] == [data, "--user-dir", str(REPO / "fairseq_plugins"), "--task", "translation_speculative"]
+    assert argv[argv.index("--arch") + 1] == arch
+    assert argv[argv.index("--verifier-path") + 1] == verifier
+    tail = argv.index("--skip-invalid-size-inputs-valid-test")
+    assert argv[tail + 1:tail + 7] == ["--save-dir", str(REPO / "checkpoints" / f"{prefix}-toy"),
+                                      "--log-format", "simple", "--log-interval", "50"]
+    assert argv[-len(USER_OPTIONS):] == USER_OPTIONS
+    assert set(argv[tail + 7:-len(USER_OPTIONS)]) <= {"--cpu", "--drafter-bf16-autocast"}
+
+
+def test_train_drafter_trains_one_architecture_at_every_width(recipe_commands):
+    """train-drafter.sh chose spec_drafter_compact up to width 256 and spec_drafter_base above,
+    two names of one architecture; it now names one, whatever the verifier."""
+    compact, _, small = recipe_commands[("train-drafter", 256)]
+    base, _, large = recipe_commands[("train-drafter", 512)]
+    assert compact[compact.index("--arch") + 1] == "spec_drafter_base"
+    assert [small if a == small else a for a in compact] == [small if a == large else a for a in base]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipe_help_and_missing_arguments(recipe):
+    script = REPO / "data-prep" / f"{recipe}.sh"
+    proc = subprocess.run(["bash", script, "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"Usage: bash data-prep/{recipe}.sh DATASET VERIFIER")
+    proc = subprocess.run(["bash", script, "only-one"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"Usage: bash data-prep/{recipe}.sh")
+    assert proc.stderr.endswith("[cmasd prep] error: expected DATASET and VERIFIER\n")
