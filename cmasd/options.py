@@ -21,6 +21,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.decoding.kernels import KERNEL_CHOICES, resolve_kernels
+from cmasd.decoding.sentences import PER_SENTENCE_CHOICES, per_sentence
 from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.base import Drafter, Nothing
 from cmasd.drafters.compose import Fallback
@@ -143,6 +144,15 @@ class SpeculativeDecodingConfig(FairseqDataclass):
     specbound_w_max: int = field(
         default=8, metadata={"help": "specbound: most tokens one draft holds (the fixed controller sends up to "
                              "--spec-k of them)"}
+    )
+    spec_per_sentence: ChoiceEnum(list(PER_SENTENCE_CHOICES)) = field(
+        default="auto",
+        metadata={"help": "decode each sentence of a batch as a batch of its own (its source unpadded): a sentence's "
+                  "arithmetic, and so with --sampling its sample, is then the same at any --batch-size, by "
+                  "construction, but a batch runs at batch 1's speed. auto: with --sampling only (greedy output "
+                  "equals fairseq-generate --beam 1 at the same batch size either way); always; never (batched "
+                  "sampling: a sentence's sample can differ between batch sizes where rounding moves a probability "
+                  "across its uniform)"},
     )
     spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
         default="auto",
@@ -360,7 +370,8 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         no_repeat_ngram_size=gen_cfg.no_repeat_ngram_size,
     )
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
-                                     kernels=kernels, seed=seed, sampling=sampling)
+                                     kernels=kernels, seed=seed, sampling=sampling,
+                                     per_sentence=per_sentence(cfg.spec_per_sentence, sampling is not None))
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.
         atexit.register(lambda: generator.stats.sentences and logger.info(generator.stats.format()))

@@ -163,7 +163,9 @@ def test_speculative_sampling_follows_the_exact_distribution(loaded, sentence, d
 
     model, task = loaded
     path = {"spec": drafter, "ar": ar_drafter}[role]
-    cfg = replace(SpeculativeDecodingConfig(), drafter_path=str(path), spec_kernels="native", **spec_options)
+    # batched sampling (a batch of one sentence at a time would test batch 1 only)
+    cfg = replace(SpeculativeDecodingConfig(), drafter_path=str(path), spec_kernels="native", spec_per_sentence="never",
+                  **spec_options)
     draft_model = load_drafter_model(str(path), task, like=next(model.parameters()))
     generator = build_speculative_generator([model], draft_model, task, generation(**OPTIONS[options]), cfg,
                                             log_stats=False, seed=5)

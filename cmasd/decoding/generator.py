@@ -30,6 +30,7 @@ from torch import Tensor
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, Resume, VerifierCache
 from cmasd.decoding.repeats import ban_repeated_ngrams
+from cmasd.decoding.sentences import joined, sentences
 from cmasd.decoding.stats import DecodeStats
 from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, VerifierView, empty_draft
 from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
@@ -148,6 +149,7 @@ class SpeculativeGenerator:
     def __init__(
         self, model, drafter: Drafter, tgt_dict, controller: Controller, acceptance: AcceptanceRule, confidence,
         rules: LengthRules, kernels: str = "native", seed: int = 1, sampling: Optional[Sampling] = None,
+        per_sentence: bool = False,
     ):
         if acceptance.samples != (sampling is not None):
             raise ValueError("an acceptance rule that samples needs sampling options, and sampling options need one")
@@ -166,6 +168,7 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.random = needs.randomness or sampling is not None
         self.seed = seed  # with the sentence ids, of every uniform (--seed)
+        self.per_sentence = per_sentence  # decode a batch one sentence at a time (cmasd.decoding.sentences)
         self.stats = DecodeStats()
         self.observer: Optional[Callable[[StepRecord], None]] = None
 
@@ -179,6 +182,9 @@ class SpeculativeGenerator:
     @torch.no_grad()
     def decode(self, sample: Dict[str, Any]) -> Decoded:
         """Decode one batch: its hypotheses and this call's statistics."""
+        if self.per_sentence and sample["net_input"]["src_tokens"].size(0) > 1:
+            parts = [self.decode(one) for one in sentences(sample, self.pad)]
+            return Decoded(*joined([part.hypotheses for part in parts], [part.stats for part in parts]))
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
