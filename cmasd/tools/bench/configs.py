@@ -79,10 +79,13 @@ AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 LOOKUPS_ALONE = {"spec_controller": "fixed", "spec_k": 8}
 # SpecBound (seed 002): early exits from the verifier's own layers, lossless. The bounds are
 # the best of a grid on Multi30k valid for the compact verifier and its adapter exit heads
-# (docs/RESULTS.md): no annealing, exits at layer 1 only; an ad-hoc configuration
-# (NAME:base=specbound;specbound_alpha=...) tries others.
+# (docs/results/self-speculation.md): no annealing, exits at layer 1 only; an ad-hoc
+# configuration (NAME:base=specbound;specbound_alpha=...) tries others. Without annealing
+# the tuned point already runs without ACT, so its ACT row switches ACT on (ACT_ON: alpha 1,
+# --specbound-alpha's default) where the other rows switch a bound off.
 SPECBOUND = {"drafter_kind": "specbound", "spec_controller": "fixed", "spec_k": 8, "specbound_w_max": 8,
              "specbound_alpha": 0.0, "specbound_tau": 0.4, "specbound_d_max": 1, **EXACT}
+ACT_ON = {"specbound_alpha": 1.0}
 # Blockwise parallel decoding (Stern et al., 2018): heads 2 .. k of the verifier's last state.
 BLOCKWISE = {"drafter_kind": "blockwise", "spec_controller": "fixed", **EXACT}
 # With --sampling: speculative sampling (exact in distribution), lenience 0.5, EARS beta 0.1.
@@ -195,9 +198,11 @@ CONFIGS: Dict[str, BenchConfig] = {
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, SOURCE, EXACT, drafter=NO_DRAFTER),
         speculative("cmasd-exact", "CM-ASD's adaptive k, exact acceptance (lossless)", ADAPTIVE_K, EXACT),
         speculative("specbound", "SpecBound: early exits of the verifier's layers with trained exit heads, "
-                    "alpha 0, tau 0.4, d_max 1, w_max 8 (lossless)", SPECBOUND, drafter="exit"),
-        speculative("specbound-no-act", "specbound without ACT (alpha 0: every layer at temperature 1; the same "
-                    "as specbound while its tuned alpha is 0)", SPECBOUND, {"specbound_alpha": 0.0}, drafter="exit"),
+                    "alpha 0 (no ACT: every layer at temperature 1), tau 0.4, d_max 1, w_max 8 (lossless)", SPECBOUND,
+                    drafter="exit"),
+        speculative("specbound-act", "specbound with ACT, the annealed confidence threshold (alpha 1: layer l at "
+                    "temperature 1 + (1 - l / L)); the ACT ablation of the tuned specbound, which runs without it",
+                    SPECBOUND, ACT_ON, drafter="exit"),
         speculative("specbound-no-dmax", "specbound without d_max (a token that does not exit runs L - 1 layers)",
                     SPECBOUND, {"specbound_d_max": None}, drafter="exit"),
         speculative("specbound-no-wmax", "specbound without w_max (up to 32 drafts)", SPECBOUND,
