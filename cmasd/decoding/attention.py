@@ -6,8 +6,6 @@ the prepared backend of it on decoding's kernels (``DecodingLayer``, ``EncodingL
 decoders and encoders (``DecodingDecoder``, ``DecodingEncoder``), and selects the C++
 ``FusedDecoder`` (``cmasd.decoding.extension``) where it applies: gemv kernels and a block
 of at most ``GEMV_MAX_ROWS`` rows, all layers in one call.
-
-The names the layer module defines are re-exported here for older imports.
 """
 
 import functools
@@ -18,29 +16,9 @@ from torch import Tensor
 
 from cmasd.decoding.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
 from cmasd.errors import UsageError
-from cmasd.layers.transformer import (  # noqa: F401  (re-exported)
-    FUSED_ATTENTION_MIN_PAIRS,
-    Linear,
-    ModuleLayer,
-    PreparedLayer,
-    SelfKeys,
-    TransformerLayer,
-    additive_mask,
-    attend,
-    attend_biased,
-    check_supported_encoder_layer,
-    check_supported_layer,
-    cross_keys,
-    decoder_layer,
-    decoder_states,
-    embed,
-    embed_vectors,
-    encoder_states,
-    exact_power_of_two,
-    merge_heads,
-    output_logits,
-    position_embeddings,
-    split_heads,
+from cmasd.layers.transformer import (  # noqa: F401  (some kept for older imports)
+    FUSED_ATTENTION_MIN_PAIRS, Linear, PreparedLayer, additive_mask, check_supported_encoder_layer,
+    check_supported_layer, decoder_layer, embed, exact_power_of_two,
 )
 
 # Called once per layer with that layer's new keys and values stacked (B, 2H, T_new, d);
