@@ -36,8 +36,8 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.hub_utils import GeneratorHubInterface
 from omegaconf import OmegaConf, open_dict
 
-import fairseq_plugins  # noqa: F401  (registers the task, models and criteria; checkpoint allow-list)
-from cmasd.checkpoint import require_checkpoint
+from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
+from cmasd.compat import disable_encoder_fast_path
 from cmasd.decoding.stats import DecodeStats
 from cmasd.errors import MissingFileError, UsageError
 from cmasd.options import SpeculativeDecodingConfig
@@ -64,6 +64,8 @@ def from_pretrained(
     the dictionary); ``batch_size``: sentences per batch; ``options``: speculative options
     (``drafter_path``, ``spec_k``, ...) and fairseq generation options, the defaults of
     every call."""
+    allow_fairseq_checkpoints()
+    disable_encoder_fast_path()  # stock fairseq 0.12.2 only
     checkpoint = find_checkpoint(model_name_or_path, checkpoint_file)
     data = data_name_or_path or os.path.dirname(checkpoint)
     speculative, generation = split_options(options)
@@ -76,7 +78,7 @@ def from_pretrained(
         cfg.dataset.max_tokens = None
         for key, value in generation.items():
             cfg.generation[key] = value
-    task = TranslationSpeculativeTask(cfg.task, *load_dictionaries(data, cfg.task.source_lang, cfg.task.target_lang))
+    task = HubTask(cfg.task, *load_dictionaries(data, cfg.task.source_lang, cfg.task.target_lang))
     models, _ = checkpoint_utils.load_model_ensemble([checkpoint], task=task, state=state)
     return SpeculativeHubInterface(cfg, task, models)
 
@@ -155,15 +157,27 @@ def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Option
     return dictionary, dictionary
 
 
+class HubTask(TranslationSpeculativeTask):
+    """The ``translation_speculative`` task behind the hub interface, built here (fairseq's
+    registry is not needed): a speculative generator returns each call's statistics instead
+    of logging the run's at exit, and the generator of the last call is kept for them."""
+
+    log_stats = False
+    generator = None
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        self.generator = super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, **kwargs)
+        return self.generator
+
+
 class SpeculativeHubInterface(GeneratorHubInterface):
     """fairseq's ``GeneratorHubInterface`` whose calls take cmasd's speculative options
     as keyword arguments, decode greedily by default (``beam=1``: what speculative
     decoding verifies) and keep the decoding statistics of the last call
     (``last_stats``: a ``DecodeStats``, None when fairseq's own generator ran)."""
 
-    def __init__(self, cfg, task, models):
+    def __init__(self, cfg, task: HubTask, models):
         super().__init__(cfg, task, models)
-        task.log_stats = False  # each call's statistics are returned, not logged at exit
         self.last_stats: Optional[DecodeStats] = None
 
     def translate(self, sentences: List[str], beam: int = 1, verbose: bool = False, **options) -> List[str]:
@@ -184,11 +198,11 @@ class SpeculativeHubInterface(GeneratorHubInterface):
         try:
             for key, value in speculative.items():
                 self.task.cfg[key] = value
-            self.task.last_generator = None
+            self.task.generator = None
             outputs = super().generate(tokenized_sentences, beam, verbose, False, inference_step_args,
                                        prefix_allowed_tokens_fn, **generation)
         finally:
             for key, value in saved.items():
                 self.task.cfg[key] = value
-        self.last_stats = getattr(self.task.last_generator, "stats", None)
+        self.last_stats = getattr(self.task.generator, "stats", None)
         return outputs

@@ -27,6 +27,7 @@ from cmasd.drafters.base import Drafter, Nothing
 from cmasd.drafters.compose import Fallback
 from cmasd.drafters.ngram import HistoryNgram, SourceNgram
 from cmasd.errors import UsageError
+from cmasd.models.registry import build_model
 from cmasd.verification.acceptance import ACCEPTANCE_RULES, TAU_SCHEDULES
 from cmasd.verification.confidence import CONFIDENCES, DEFAULT_WEIGHTS, ConfidenceSpec
 from cmasd.verification.controllers import CONTROLLERS
@@ -241,7 +242,7 @@ def load_drafter_model(path: str, task, like: Optional[torch.Tensor] = None):
             f"({size} symbols): train the drafter on data binarized with the verifier's dictionary"
         )
     model_cfg = state["cfg"].model
-    model = task.build_model(model_cfg, from_checkpoint=True)
+    model = build_model(model_cfg, task)
     model.load_state_dict(state["model"], strict=True, model_cfg=model_cfg)
     if like is not None:
         model = model.to(like)

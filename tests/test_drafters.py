@@ -90,17 +90,18 @@ def source_of(verifier, dictionary, gen, bsz, tokens):
     return Source(src, src_lengths, encoder_out)
 
 
-def seen_by(drafter, request, verifier, source, tokens, lengths):
-    """``request`` with what a self-speculative drafter reads (``reads_verifier``): the
-    verifier's cache after the rows' prefixes and its last states, as the loop gives them."""
+def seen_by(drafter, state, request, verifier, source, tokens, lengths):
+    """``state`` and ``request`` with what a self-speculative drafter sees (``reads_verifier``):
+    the verifier's cache after the rows' prefixes, and its states over them observed, as the
+    loop gives them."""
     if not drafter.reads_verifier:
-        return request
+        return state, request
     scorer = BlockScorer(verifier.decoder)
     cache = scorer.start(source.encoder_out, tokens.size(1) + HORIZON + 1)
     with torch.no_grad():
         states = scorer.states(cache, tokens, torch.zeros(tokens.size(0), dtype=torch.long))  # (B, T, C)
-    last = states[torch.arange(tokens.size(0)), lengths - 1]  # (B, C): what predicted each row's newest token
-    return replace(request, verifier=VerifierView(scorer, cache, last))
+    # the state at lengths - 1 predicted each row's newest token
+    return drafter.observe(state, states, lengths - 1), replace(request, verifier=VerifierView(scorer, cache))
 
 
 @pytest.mark.parametrize("name", ["spec", "autoregressive", "specbound", "blockwise", "history", "source",
@@ -117,8 +118,9 @@ def test_drafter_contract(name):
     request = DraftRequest(HORIZON, confidence, logprobs=True)
 
     def drafted(state, tokens, lengths, source, request):
+        state, request = seen_by(drafter, state, request, verifier, source, tokens, lengths)
         with torch.no_grad():
-            return drafter.draft(state, tokens, lengths, seen_by(drafter, request, verifier, source, tokens, lengths))
+            return drafter.draft(state, tokens, lengths, request)
 
     state = drafter.start(source, 12)
     draft, state = drafted(state, tokens, lengths, source, request)
@@ -133,7 +135,7 @@ def test_drafter_contract(name):
     assert ((draft.confidence >= 0) & (draft.confidence <= 1)).all()
     if draft.logprobs is not None:  # a model drafted: its offered tokens are its distribution's argmax
         assert draft.logprobs.shape == (bsz, HORIZON, len(dictionary))
-        served = torch.stack(list(draft.served.values())).any(0) if draft.served else torch.zeros(bsz, dtype=torch.bool)
+        served = torch.stack(list(draft.metrics.values())).any(0) if draft.metrics else torch.zeros(bsz, dtype=torch.bool)
         modelled = used & ~served[:, None]
         assert torch.equal(draft.logprobs.argmax(-1)[modelled], draft.tokens[modelled])
         torch.testing.assert_close(draft.logprobs.exp().sum(-1)[modelled], torch.ones(int(modelled.sum())))
@@ -296,7 +298,7 @@ def source_draft(src_rows, tgt_rows, n, horizon):
 def test_source_lookup_copies_what_follows_the_first_occurrence():
     draft = source_draft([[A, B, C, D, A, B, E, EOS]], [[EOS, D, A, B]], n=2, horizon=3)
     assert draft.valid.tolist() == [3] and draft.tokens.tolist() == [[C, D, A]]  # the first "A B"
-    assert draft.served["source"].tolist() == [True]
+    assert draft.metrics["source"].tolist() == [True]
 
 
 def test_source_lookup_stops_at_the_end_of_the_source():
@@ -309,7 +311,7 @@ def test_source_lookup_finds_nothing_without_a_continuation():
     draft = source_draft([[C, D, E, EOS], [A, B, EOS], [A, B, C, EOS], [A, EOS, B, EOS]],
                          [[EOS, A, B], [EOS, A, B], [EOS, A], [EOS, D, A, EOS]], n=2, horizon=3)
     assert draft.valid.tolist() == [0, 0, 0, 0]
-    assert draft.served["source"].tolist() == [False] * 4
+    assert draft.metrics["source"].tolist() == [False] * 4
 
 
 def test_source_lookup_skips_an_occurrence_with_nothing_after_it():
@@ -356,14 +358,14 @@ def test_a_lookup_in_front_skips_the_model_when_it_serves_every_row():
     repeating, lengths = rows([BOS, A, B, A], [BOS, C, D, C])
     draft, state = drafter.draft(state, repeating, lengths, request)
     assert model.calls == 0
-    assert draft.tokens.tolist() == [[B, A], [D, C]] and draft.served["history"].all()
+    assert draft.tokens.tolist() == [[B, A], [D, C]] and draft.metrics["history"].all()
     assert draft.logprobs is None and draft.confidence.tolist() == [[1.0, 1.0], [1.0, 1.0]]
 
     mixed, lengths = rows([BOS, A, B, A], [BOS, C, D, E])
     draft, state = drafter.draft(state, mixed, lengths, request)
     assert model.calls == 1
     assert draft.tokens.tolist() == [[B, A], [E, E]]
-    assert draft.served["history"].tolist() == [True, False]
+    assert draft.metrics["history"].tolist() == [True, False]
     assert draft.confidence.tolist() == [[1.0, 1.0], [0.25, 0.25]]
     # the lookup's row gets the point mass of what it drafted
     assert draft.logprobs[0].argmax(-1).tolist() == [B, A] and draft.logprobs[0].exp().sum(-1).tolist() == [1.0, 1.0]

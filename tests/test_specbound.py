@@ -94,8 +94,7 @@ def test_specbound_decodes_as_fairseq_greedy(bounds, normalize_before, kernels):
 
 
 def drafted_depths(bounds, horizon=6):
-    """One draft of a batch of 3 with ``bounds``; the tokens drafted per row and the layers
-    the block resumes above."""
+    """One draft of a batch of 3 with ``bounds``, and the block's lower layers it ran."""
     verifier, dictionary = verifier_of(seed=9)
     gen = torch.Generator().manual_seed(2)
     _, _, encoder_out = encoded_source(verifier, dictionary, gen, 3)
@@ -107,17 +106,17 @@ def drafted_depths(bounds, horizon=6):
     scorer.score(cache, tokens, torch.zeros(3, dtype=torch.long))
     request = DraftRequest(horizon, verifier=VerifierView(scorer, cache))
     with torch.no_grad():
-        draft, _ = drafter.draft(None, tokens, lengths, request)
-    return draft
+        draft, state = drafter.draft(drafter.start(None, 32), tokens, lengths, request)
+    return draft, drafter.lower_layers(state)
 
 
 def test_w_max_bounds_every_row_and_tau_one_drafts_nothing():
-    draft = drafted_depths(dict(alpha=0.0, tau=1e-6, d_max=1, w_max=3))  # every token exits at layer 1
+    draft, lower = drafted_depths(dict(alpha=0.0, tau=1e-6, d_max=1, w_max=3))  # every token exits at layer 1
     assert draft.valid.tolist() == [3, 3, 3]
-    assert draft.resume.layers == 1 and draft.resume.states.size(1) == 4  # the 3 drafts fed too
-    none = drafted_depths(dict(alpha=0.0, tau=1.0, d_max=2, w_max=3))  # nothing is that sure
+    assert lower.layers == 1 and lower.states.size(1) == 4  # the 3 drafts fed too
+    none, lower = drafted_depths(dict(alpha=0.0, tau=1.0, d_max=2, w_max=3))  # nothing is that sure
     assert none.valid.tolist() == [0, 0, 0]
-    assert none.resume.layers == 2 and none.resume.states.size(1) == 1  # the hard token ran d_max layers
+    assert lower.layers == 2 and lower.states.size(1) == 1  # the hard token ran d_max layers
 
 
 @pytest.mark.parametrize("bounds, message", [

@@ -18,7 +18,10 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.core.drafting import LowerLayers
 from cmasd.decoding.attention import DecodingDecoder, additive_mask
+
+Resume = LowerLayers  # its old name (a self-speculative drafter resumes verification above them)
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,10 @@ class BlockScorer:
         cross, cross_bias = dec.cross_keys(states, real)
         return VerifierCache([states.new_zeros(shape) for _ in dec.layers], cross, cross_bias)
 
-    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, resume: Optional["Resume"] = None) -> Tensor:
+    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None) -> Tensor:
         """Logits of the next token after each of ``tokens`` (B, n) placed at
         positions ``start`` (B,) onwards; writes their keys/values into ``cache``.
-        With ``resume``, the block's states after its lowest ``resume.layers`` layers are
+        With ``lower``, the block's states after its lowest ``lower.layers`` layers are
         given (their keys and values already in ``cache``): only the layers above run.
 
         Returns (B, n, V). Rows may use fewer than n tokens: the surplus scores are
@@ -121,14 +124,14 @@ class BlockScorer:
         row's length (overwritten later). The cache must hold ``start + n``
         positions for every row, padded ones included.
         """
-        return self.decoder.logits(self.states(cache, tokens, start, resume))  # (B, n, V)
+        return self.decoder.logits(self.states(cache, tokens, start, lower))  # (B, n, V)
 
-    def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, resume: Optional["Resume"] = None) -> Tensor:
+    def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None) -> Tensor:
         """``score``'s decoder states after the last layer, before the output head: (B, n, C)."""
-        if resume is None:
+        if lower is None:
             x, first = self.embed(tokens, start), 0
         else:
-            x, first = resume.states[:, : tokens.size(1)], resume.layers
+            x, first = lower.states[:, : tokens.size(1)], lower.layers
         return self.run(cache, x, start, first)
 
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
@@ -164,14 +167,3 @@ class BlockScorer:
         where = index[:, None, :, None].expand(bsz, 2 * dec.heads, n, dec.head_dim)  # (B, 2H, n, d)
         for layer in range(first, last):
             cache.kv[layer].scatter_(2, where, dec.layers[layer].self_keys_values(x))
-
-
-@dataclass(frozen=True)
-class Resume:
-    """A block's verifier states after its lowest ``layers`` decoder layers, computed
-    by a drafter that drafts with those layers of the verifier itself (writing their
-    keys and values into the verifier's cache as it goes): verifying the block runs
-    only the layers above (``BlockScorer.score``)."""
-
-    layers: int
-    states: Tensor  # (B, n, C): the block's states after layer ``layers`` - 1

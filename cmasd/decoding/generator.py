@@ -1,10 +1,12 @@
 """The speculative decoding loop: draft -> choose k -> verify -> accept -> roll back.
 
-The parts are swappable behind written contracts: a drafter (``cmasd.drafters.base``),
-a draft-length controller and an acceptance rule (``cmasd.verification.base``); the loop
-never drafts, chooses or accepts on their behalf. Batched: every row drafts, sends its
-own number of tokens, accepts its own number and finishes on its own; finished rows leave
-the batch. Returns fairseq hypotheses (tokens, score, positional_scores from the
+The parts are swappable behind written contracts: a drafter (``cmasd.core.drafting``),
+a draft-length controller and an acceptance rule (``cmasd.core.verifying``); the loop
+never drafts, chooses or accepts on their behalf, and carries nothing of a particular
+drafter: a drafter's own statistics travel as ``Draft.metrics``, and what it must see of
+the verifier through its hooks (``lower_layers``, ``observe``). Batched: every row drafts,
+sends its own number of tokens, accepts its own number and finishes on its own; finished
+rows leave the batch. Returns fairseq hypotheses (tokens, score, positional_scores from the
 verifier), so ``fairseq-generate`` prints and scores them as it does its own.
 
 The verifier side reproduces fairseq's ``SequenceGenerator`` with ``--beam 1``: the
@@ -27,13 +29,13 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.core.drafting import Drafter, DrafterState, DraftRequest, LowerLayers, Source, VerifierView, empty_draft
+from cmasd.core.verifying import AcceptanceRule, Controller, Proposal, RowState
 from cmasd.decoding.attention import encoder_of
-from cmasd.decoding.cache import BlockScorer, Resume, VerifierCache
+from cmasd.decoding.cache import BlockScorer, VerifierCache
 from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.sentences import joined, sentences
 from cmasd.decoding.stats import DecodeStats
-from cmasd.drafters.base import Drafter, DrafterState, DraftRequest, Source, VerifierView, empty_draft
-from cmasd.verification.base import AcceptanceRule, Controller, Proposal, RowState
 from cmasd.verification.sampling import RowRandom, Sampling
 
 logger = logging.getLogger(__name__)
@@ -54,9 +56,6 @@ class DecodeState:
     controller: RowState  # the controller's per-row state (``select``)
     shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``bounded``
     longest: int = 1
-    # for a drafter that reads the verifier: the verifier's last decoder states (B, C) at the
-    # position that predicted each row's newest token (None before the first verification)
-    last_states: Optional[Tensor] = None
 
     def select(self, keep: Tensor) -> "DecodeState":
         return replace(
@@ -70,7 +69,6 @@ class DecodeState:
             verifier=self.verifier.select(keep),
             drafter=self.drafter.select(keep),
             controller=self.controller.select(keep),
-            last_states=None if self.last_states is None else self.last_states[keep],
         )
 
     def bounded(self) -> "DecodeState":
@@ -264,8 +262,7 @@ class SpeculativeGenerator:
         budget = self.controller.budget(state.controller)  # (B,) or None
         horizon = self.horizon if budget is None else int(budget.max())
         request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None,
-                          verifier=(VerifierView(self.scorer, state.verifier, state.last_states)
-                                    if self.drafter.reads_verifier else None))
+                          verifier=VerifierView(self.scorer, state.verifier) if self.drafter.reads_verifier else None)
         if horizon:
             draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         else:  # no row may send anything: the drafter catches up on its next call
@@ -287,20 +284,18 @@ class SpeculativeGenerator:
         )
         t1 = now(state.tokens)
 
-        lprobs, states = self.verify(state, proposal, max_len, draft.resume)  # (B, W + 1, V), (B, W + 1, C)
+        lower = self.drafter.lower_layers(drafter_state)
+        lprobs, states = self.verify(state, proposal, max_len, lower)  # (B, W + 1, V), (B, W + 1, C)
         t2 = now(state.tokens)
         verdict = self.acceptance.accept(proposal, lprobs)
         accepted = verdict.accepted  # (B,)
         controller_state = self.controller.observe(state.controller, k, accepted)
-        if self.drafter.reads_verifier:  # the states that predicted each row's newest token
-            state = replace(state, last_states=states[torch.arange(states.size(0), device=states.device), accepted])
+        drafter_state = self.drafter.observe(drafter_state, states, accepted)
         ids = state.ids  # (B,) sentence ids of this iteration's rows (``state`` is replaced next)
         state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
-        stats.observe(k, accepted, gained, block_confidence, draft.served, verdict.pardoned)
-        if draft.exits is not None:
-            stats.observe_exits(*draft.exits, draft.offered())
+        stats.observe(k, accepted, gained, block_confidence, draft.metrics, verdict.pardoned)
         t3 = now(state.tokens)
 
         stats.draft_seconds += t1 - t0
@@ -312,18 +307,18 @@ class SpeculativeGenerator:
         return replace(state, drafter=drafter_state, controller=controller_state), done
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int,
-               resume: Optional[Resume] = None) -> Tuple[Tensor, Tensor]:
+               lower: Optional[LowerLayers] = None) -> Tuple[Tensor, Tensor]:
         """Verifier log-probabilities after the last accepted token and each draft:
         (B, width + 1, V), with fairseq's generation rules applied per position (and with
         sampling, its top-k / top-p truncation: the log weights fairseq samples from), and
-        the decoder states they came from (B, width + 1, C). ``resume``: the block's lower
+        the decoder states they came from (B, width + 1, C). ``lower``: the block's lower
         layers, run already by a self-speculative drafter."""
         bsz, width = proposal.tokens.shape
         last = state.tokens.gather(1, (state.lengths - 1)[:, None])  # (B, 1)
         offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
-        states = self.scorer.states(state.verifier, block, state.lengths - 1, resume)  # (B, width + 1, C)
+        states = self.scorer.states(state.verifier, block, state.lengths - 1, lower)  # (B, width + 1, C)
         logits = self.scorer.decoder.logits(states)  # (B, width + 1, V)
         if self.rules.temperature != 1.0:
             logits = logits.float() / self.rules.temperature

@@ -2,20 +2,35 @@
 drafts the next tokens through k - 1 extra heads (``cmasd.models.blockwise_heads``).
 
 The state that predicted a row's newest token (the verifier's bonus or correction of the
-last iteration, ``VerifierView.last_states``) predicts, through head i, the token i - 1
+last iteration, which the drafter keeps from its ``observe`` hook) predicts, through head i, the token i - 1
 positions after that one: the drafts of the next iteration, which exact acceptance checks
 (the paper's exact-match prefix). No drafter pass at all: the heads are one feed-forward
 layer and the output projection per drafted token. A batch's first iteration has no state
 yet and drafts nothing.
 """
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
+from cmasd.core.drafting import Draft, DraftRequest, ModelDrafter, Source
 from cmasd.models.blockwise_heads import BlockwiseHeadsModel
+
+
+@dataclass(frozen=True)
+class LastStates:
+    """The verifier's last-layer states (B, C) that predicted each row's newest token in
+    the last verification (None before the batch's first)."""
+
+    states: Optional[Tensor] = None
+
+    def select(self, rows: Tensor) -> "LastStates":
+        return self if self.states is None else LastStates(self.states[rows])
+
+    def grow(self, capacity: int) -> "LastStates":
+        return self
 
 
 class BlockwiseDrafter(ModelDrafter):
@@ -40,13 +55,16 @@ class BlockwiseDrafter(ModelDrafter):
         model.check_verifier(verifier, f"--drafter-path {cfg.drafter_path}")
         return cls(model, verifier.decoder.padding_idx)
 
-    def start(self, source: Source, capacity: int) -> Stateless:
-        return STATELESS
+    def start(self, source: Source, capacity: int) -> LastStates:
+        return LastStates()
 
-    def draft(self, state: Stateless, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Stateless]:
+    def observe(self, state: LastStates, states: Tensor, accepted: Tensor) -> LastStates:
+        return LastStates(states[torch.arange(states.size(0), device=states.device), accepted])  # (B, C)
+
+    def draft(self, state: LastStates, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, LastStates]:
         bsz = tokens.size(0)
         width = min(request.horizon, self.max_horizon)
-        last = None if request.verifier is None else request.verifier.last_states
+        last = state.states  # (B, C) or None
         if last is None:  # the batch's first iteration: no verifier state yet
             drafts = tokens.new_full((bsz, width), self.pad)
             confidence = tokens.new_zeros(bsz, width, dtype=torch.float) if request.confidence else None

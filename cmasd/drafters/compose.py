@@ -5,35 +5,32 @@ The usual pair is a lookup in front of a model drafter (``--spec-history-ngram``
 ``--spec-source-ngram`` before the Spec-Drafter or a draft model): the lookup is nearly
 free, and in an iteration where it serves every row the model is not run at all (its
 cache catches up on the next call, as any drafter's does: from its own cached length to
-the row's). Fallbacks nest: ``Fallback(history, Fallback(source, model))``.
+the row's). Fallbacks nest: ``Fallback(history, Fallback(source, model))``. Every metric of
+either draft travels on, row by row (``merged_metrics``); both drafters observe every
+verification.
 """
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from cmasd.drafters.base import (
-    Draft,
-    Drafter,
-    DrafterState,
-    DraftRequest,
-    Source,
-    point_mass,
-)
+from cmasd.core.drafting import Draft, Drafter, DrafterState, DraftRequest, LowerLayers, Source
+from cmasd.drafters.base import point_mass
 
 
 @dataclass(frozen=True)
 class FallbackState:
     first: DrafterState
     second: DrafterState
+    second_alone: bool = False  # the last draft was ``second``'s in every row
 
     def select(self, rows: Tensor) -> "FallbackState":
-        return FallbackState(self.first.select(rows), self.second.select(rows))
+        return FallbackState(self.first.select(rows), self.second.select(rows), self.second_alone)
 
     def grow(self, capacity: int) -> "FallbackState":
-        return FallbackState(self.first.grow(capacity), self.second.grow(capacity))
+        return FallbackState(self.first.grow(capacity), self.second.grow(capacity), self.second_alone)
 
 
 def merged(keep: Tensor, first: Optional[Tensor], second: Optional[Tensor]) -> Optional[Tensor]:
@@ -42,6 +39,14 @@ def merged(keep: Tensor, first: Optional[Tensor], second: Optional[Tensor]) -> O
     if first is None or second is None:
         return second if first is None else first
     return torch.where(keep.view(-1, *([1] * (first.dim() - 1))), first, second)
+
+
+def merged_metrics(keep: Tensor, first: Mapping[str, Tensor], second: Mapping[str, Tensor]) -> Dict[str, Tensor]:
+    """Every metric (B,) of either draft: ``first``'s where ``keep`` (B,), else ``second``'s;
+    0 in the rows of the drafter that does not have it."""
+    return {name: torch.where(keep, first[name] if name in first else torch.zeros_like(second[name]),
+                              second[name] if name in second else torch.zeros_like(first[name]))
+            for name in {**first, **second}}
 
 
 class Fallback(Drafter):
@@ -56,6 +61,15 @@ class Fallback(Drafter):
 
     def start(self, source: Source, capacity: int) -> FallbackState:
         return FallbackState(self.first.start(source, capacity), self.second.start(source, capacity))
+
+    def lower_layers(self, state: FallbackState) -> Optional[LowerLayers]:
+        # a self-speculative drafter's lower layers hold its own drafts: of no use for a
+        # block in which some row verifies another drafter's
+        return self.second.lower_layers(state.second) if state.second_alone else None
+
+    def observe(self, state: FallbackState, states: Tensor, accepted: Tensor) -> FallbackState:
+        return FallbackState(self.first.observe(state.first, states, accepted),
+                             self.second.observe(state.second, states, accepted), state.second_alone)
 
     def draft(self, state: FallbackState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, FallbackState]:
         a, first_state = self.first.draft(state.first, tokens, lengths, request)
@@ -72,9 +86,6 @@ class Fallback(Drafter):
             valid=torch.where(keep, a.offered(), b.offered() if b.valid is not None else request.horizon),  # (B,)
             logprobs=logprobs,
             confidence=merged(keep, a.confidence, b.confidence),
-            served={**{name: rows & ~keep for name, rows in b.served.items()}, **a.served},
-            # a self-speculative drafter's lower layers hold its own drafts: of no use for
-            # a block in which some row verifies another drafter's
-            resume=b.resume if not bool(keep.any()) else None,
+            metrics=merged_metrics(keep, a.metrics, b.metrics),
         )
-        return draft, FallbackState(first_state, second_state)
+        return draft, FallbackState(first_state, second_state, not bool(keep.any()))

@@ -7,7 +7,7 @@ token exits when max softmax(z_l / T_l) >= tau, with T_l = 1 + alpha (1 - l / L)
 argmax is the next draft, fed next. A row stops drafting when a token runs d_max layers
 without exiting (the hard token) or once it has drafted w_max tokens. The tokens it fed (the
 last accepted one, then its drafts) then run the layers above in one pass, the verification
-(``Draft.resume``), whose predictions accept the drafts exactly.
+(the drafter's ``lower_layers``), whose predictions accept the drafts exactly.
 
 Batched, the rows feed their j-th token together, one layer at a time, each layer for every
 row: a token runs the layers of the row that needs the most (rows that exited earlier keep
@@ -18,16 +18,20 @@ layers any of its tokens ran: below, the cache holds what a full pass would. Whe
 runs deeper than one before it, the earlier token's deeper keys and values are carried up
 from its last state (CALM's propagation): approximate, seen only by drafting, overwritten
 by the verification.
+
+Each draft's metrics (``Draft.metrics``) count the layers its offered tokens exited at;
+``ExitDepths`` reports their mean and the share of the verifier's layers they skipped.
 """
 
 import abc
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from cmasd.decoding.cache import Resume
-from cmasd.drafters.base import STATELESS, Draft, DraftRequest, ModelDrafter, Source, Stateless
+from cmasd.core.drafting import Draft, DraftRequest, LowerLayers, ModelDrafter, Source
+from cmasd.core.metrics import MetricReport
 from cmasd.errors import UsageError
 from cmasd.models.exit_heads import ExitHeadsModel
 
@@ -81,6 +85,43 @@ def check_bounds(layers: int, alpha: float, tau: float, d_max: int, w_max: int) 
         raise UsageError(f"--specbound-w-max: must be >= 1, got {w_max}")
 
 
+@dataclass(frozen=True)
+class Drafted:
+    """SpecBound's state: the block it drafted last after the verifier's lower layers it
+    ran for all of it, until the verifier has seen that block (None: nothing pending)."""
+
+    lower: Optional[LowerLayers] = None
+
+    def select(self, rows: Tensor) -> "Drafted":
+        return self if self.lower is None else Drafted(LowerLayers(self.lower.layers, self.lower.states[rows]))
+
+    def grow(self, capacity: int) -> "Drafted":
+        return self  # everything else it keeps is in the verifier's cache
+
+
+NOTHING_PENDING = Drafted()
+
+
+class ExitDepths(MetricReport):
+    """The layer SpecBound's drafts exited at (its metrics ``exit_layer_sum`` over
+    ``exited_tokens`` offered drafts of verifiers of ``exit_layer_bound`` / ``exited_tokens``
+    layers): ``mean_exit_layer`` and ``layers_skipped``, None without such drafts."""
+
+    def summary(self, totals: Mapping[str, int], iterations: int) -> Dict[str, object]:
+        exited = totals.get("exited_tokens", 0)
+        layers, bound = totals.get("exit_layer_sum", 0), totals.get("exit_layer_bound", 0)
+        return {"mean_exit_layer": layers / exited if exited else None,
+                "layers_skipped": 1.0 - layers / bound if exited else None}
+
+    def phrase(self, totals: Mapping[str, int], iterations: int) -> str:
+        s = self.summary(totals, iterations)
+        if s["mean_exit_layer"] is None:
+            return ""
+        depth = totals["exit_layer_bound"] // totals["exited_tokens"]
+        return (f"drafts exited at layer {s['mean_exit_layer']:.2f} of {depth} on average "
+                f"({100 * s['layers_skipped']:.1f}% of layers skipped while drafting)")
+
+
 class EarlyExitDrafter(ModelDrafter):
     """SpecBound's drafter (see the module's docstring): drafts with the verifier's lower
     layers and ``heads``, at most ``w_max`` tokens, each through at most ``d_max`` layers.
@@ -119,10 +160,16 @@ class EarlyExitDrafter(ModelDrafter):
         self.max_horizon = w_max
         self.temperatures = annealed_temperatures(alpha, layers)
 
-    def start(self, source: Source, capacity: int) -> Stateless:
-        return STATELESS  # everything it keeps is in the verifier's cache
+    def start(self, source: Source, capacity: int) -> Drafted:
+        return NOTHING_PENDING
 
-    def draft(self, state: Stateless, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Stateless]:
+    def lower_layers(self, state: Drafted) -> Optional[LowerLayers]:
+        return state.lower
+
+    def observe(self, state: Drafted, states: Tensor, accepted: Tensor) -> Drafted:
+        return NOTHING_PENDING  # verified: its lower layers are spent
+
+    def draft(self, state: Drafted, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, Drafted]:
         if request.verifier is None:
             raise ValueError("SpecBound drafts with the verifier's layers: the loop must pass request.verifier")
         scorer, cache = request.verifier.scorer, request.verifier.cache
@@ -179,7 +226,10 @@ class EarlyExitDrafter(ModelDrafter):
             if ran < self.d_max:  # deeper tokens after it see its last state carried up
                 scorer.carry_up(cache, x, position, ran, self.d_max)
             feed = drafts[:, j: j + 1]
-        resumed = min(depths)
-        states = torch.cat([after[resumed] for after in block], dim=1)  # (B, fed, C)
-        return Draft(drafts, drafted, logprobs, confidence, resume=Resume(resumed, states),
-                     exits=(exits, self.layers)), state
+        shallowest = min(depths)
+        states = torch.cat([after[shallowest] for after in block], dim=1)  # (B, fed, C)
+        offered = torch.arange(width, device=device)[None, :] < drafted[:, None]  # (B, W)
+        exited = offered.sum(dim=1)  # (B,)
+        metrics = {"exit_layer_sum": (exits * offered).sum(dim=1), "exited_tokens": exited,
+                   "exit_layer_bound": exited * self.layers}
+        return Draft(drafts, drafted, logprobs, confidence, metrics), Drafted(LowerLayers(shallowest, states))

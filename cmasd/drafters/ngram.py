@@ -20,11 +20,13 @@ of Large Language Models", arXiv:2304.04487).
 Neither has a distribution (``Draft.logprobs`` None). Both state confidence 1 for what
 they offer. A row whose suffix reaches BOS, or occurs nowhere, is offered nothing
 (``valid`` 0); padding and eos never match and are never drafted. The verifier checks
-lookup drafts like any others, so exact acceptance stays lossless.
+lookup drafts like any others, so exact acceptance stays lossless. Each marks the rows it
+served in its draft's ``metrics`` under its own name; ``LookupRates`` reports the share of
+row-iterations each lookup drafted.
 """
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Dict, Mapping, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -37,6 +39,7 @@ from cmasd.drafters.base import (
     Source,
     Stateless,
 )
+from cmasd.core.metrics import MetricReport
 from cmasd.errors import UsageError
 
 
@@ -66,7 +69,7 @@ def occurrences(haystack: Tensor, query: Tensor) -> Tensor:
 
 def lookup_draft(tokens: Tensor, valid: Tensor, request: DraftRequest, name: str) -> Draft:
     """A lookup's draft: ``tokens`` (B, H) of which ``valid`` (B,) are offered; confidence
-    1 where a part reads it; ``served`` marks the rows offered anything."""
+    1 where a part reads it; its metric ``name`` marks the rows offered anything."""
     confidence = torch.ones(tokens.shape, device=tokens.device) if request.confidence is not None else None
     return Draft(tokens, valid, None, confidence, {name: valid > 0})
 
@@ -159,3 +162,20 @@ class SourceNgram(Drafter):
         index = (begin[:, None] + torch.arange(width, device=src.device)).clamp(max=length - 1)  # (B, H)
         drafted = src.gather(1, index)  # (B, H), real up to ``offered``
         return lookup_draft(drafted, torch.where(found, offered, 0), request, self.name), state
+
+
+class LookupRates(MetricReport):
+    """The share of row-iterations each lookup of ``names`` drafted (its metric: the rows
+    it served), as ``NAME_draft_rate`` and "drafted from NAME X% of iterations"."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = sorted(names)
+
+    def summary(self, totals: Mapping[str, int], iterations: int) -> Dict[str, object]:
+        its = max(iterations, 1)
+        return {f"{name}_draft_rate": totals.get(name, 0) / its for name in self.names}
+
+    def phrase(self, totals: Mapping[str, int], iterations: int) -> str:
+        rates = self.summary(totals, iterations)
+        return ", ".join(f"drafted from {name} {100 * rates[f'{name}_draft_rate']:.1f}% of iterations"
+                         for name in self.names)

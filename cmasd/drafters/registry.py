@@ -1,10 +1,12 @@
-"""``--drafter-kind``: the model drafters by name."""
+"""``--drafter-kind``: the model drafters by name; the reports of the drafters' own metrics."""
 
-from typing import Dict
+from typing import Dict, Tuple
 
+from cmasd.core.metrics import MetricReport
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.blockwise import BlockwiseDrafter
-from cmasd.drafters.early_exit import EarlyExitDrafter
+from cmasd.drafters.early_exit import EarlyExitDrafter, ExitDepths
+from cmasd.drafters.ngram import HistoryNgram, LookupRates, SourceNgram
 from cmasd.drafters.spec_drafter import SpecDrafter
 
 # --drafter-kind: name -> drafter class; each declares the fairseq model class it drafts
@@ -16,3 +18,7 @@ DRAFTER_KINDS: Dict[str, type] = {
     EarlyExitDrafter.name: EarlyExitDrafter,
     BlockwiseDrafter.name: BlockwiseDrafter,
 }
+
+# What the statistics make of the drafters' ``Draft.metrics``, in the order of their log
+# line: the lookups' rates, SpecBound's exit layers.
+METRIC_REPORTS: Tuple[MetricReport, ...] = (LookupRates([HistoryNgram.name, SourceNgram.name]), ExitDepths())

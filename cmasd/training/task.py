@@ -157,13 +157,12 @@ class TranslationSpeculativeTask(TranslationTask):
     """Translation with Spec-Drafter training data and speculative generation."""
 
     cfg: TranslationSpeculativeConfig
+    log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self.complete_datasets = {}  # split dataset -> its CompleteBatches (fairseq caches iterators by dataset)
         self.drafters = {}  # (path, device, dtype) -> the drafter model loaded from it
-        self.last_generator = None  # what build_generator returned last (its statistics: cmasd.hub)
-        self.log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
         if cfg.drafter_bf16_autocast:
             bound_onednn_cache()
 
@@ -262,10 +261,9 @@ class TranslationSpeculativeTask(TranslationTask):
         checked against ``args``, fairseq's generation options), else fairseq's own, as
         ``tasks/translation_lev.py`` plugs in its generator."""
         if not is_speculative(self.cfg):
-            self.last_generator = fix_ngram_blocker(super().build_generator(
+            return fix_ngram_blocker(super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             ))
-            return self.last_generator
         drafter = None
         if self.cfg.drafter_path:
             like = next(models[0].parameters())
@@ -273,6 +271,5 @@ class TranslationSpeculativeTask(TranslationTask):
             if key not in self.drafters:  # a hub interface builds a generator per call
                 self.drafters[key] = load_drafter_model(self.cfg.drafter_path, self, like=like)
             drafter = self.drafters[key]
-        self.last_generator = build_speculative_generator(models, drafter, self, args, self.cfg,
-                                                          log_stats=self.log_stats, seed=self.cfg.seed)
-        return self.last_generator
+        return build_speculative_generator(models, drafter, self, args, self.cfg, log_stats=self.log_stats,
+                                           seed=self.cfg.seed)

@@ -1,5 +1,5 @@
 """Verification rules: which drafted tokens the verifier accepts (the contract:
-``cmasd.verification.base.AcceptanceRule``).
+``cmasd.core.verifying.AcceptanceRule``).
 
 * ``exact``: a draft is accepted only if it is the verifier's top-1: lossless.
 * ``topk-gap``: SpecDec's Spec-Verification (Xia et al., "Speculative Decoding:
@@ -18,8 +18,9 @@ from typing import Dict, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.core.verifying import AcceptanceRule, Needs, Proposal, Verdict
 from cmasd.errors import UsageError
-from cmasd.verification.base import AcceptanceRule, Needs, Proposal, Verdict, leading_accepted
+from cmasd.verification.base import leading_accepted
 from cmasd.verification.rejection import SAMPLING_RULES
 
 

@@ -1,5 +1,5 @@
 """Draft-length controllers: how many drafted tokens each row sends to the verifier
-(the contract: ``cmasd.verification.base.Controller``).
+(the contract: ``cmasd.core.verifying.Controller``).
 
 * ``fixed``: SpecDec's fixed draft length k (``--spec-k``).
 * ``cmasd``: CM-ASD's confidence-scaled draft length (Waghela et al.,
@@ -18,9 +18,10 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from cmasd.drafters.base import Draft
+from cmasd.core.drafting import Draft
+from cmasd.core.verifying import NO_ROW_STATE, Controller, Needs, RowState
 from cmasd.errors import UsageError
-from cmasd.verification.base import NO_ROW_STATE, Controller, Needs, RowState, largest_k, within
+from cmasd.verification.base import largest_k, within
 from cmasd.verification.history import HISTORY_CONTROLLERS, Idle
 
 

@@ -1,5 +1,5 @@
 """Draft-length controllers driven by the history of accepted tokens, and by the
-drafter's probability of what it drafted (the contract: ``cmasd.verification.base.Controller``).
+drafter's probability of what it drafted (the contract: ``cmasd.core.verifying.Controller``).
 
 * ``gammatune``: GammaTune (Gautam et al., "Token-Driven GammaTune: Adaptive Calibration for
   Enhanced Speculative Decoding", Sec. 4.1, Algorithm 1). After an iteration in which a row
@@ -43,9 +43,10 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from cmasd.drafters.base import Draft, chosen_probability
+from cmasd.core.drafting import Draft, chosen_probability
+from cmasd.core.verifying import Controller, Needs, RowState
 from cmasd.errors import UsageError
-from cmasd.verification.base import Controller, Needs, RowState, largest_k, within
+from cmasd.verification.base import largest_k, within
 
 EXPANSIONS = ("text", "algorithm")
 

@@ -1,0 +1,103 @@
+"""The package's floors (``cmasd.core.FLOORS``): every import of every module of cmasd,
+read with ``ast`` (function-level imports too; ``if TYPE_CHECKING:`` blocks left out: they
+never run), goes to its own room or down a floor, never up or sideways; the library never
+imports ``fairseq_plugins`` (the plugins import cmasd). In process, no models: a second."""
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import pytest
+
+from cmasd.core import FLOORS
+
+PACKAGE = Path(__file__).resolve().parent.parent / "cmasd"
+PROGRAMS = "cmasd.tools"  # may import fairseq_plugins, as fairseq-generate --user-dir does
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: Dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def place(module: str) -> Tuple[int, str]:
+    """(floor, room) of ``module``: the longest room prefix that names it."""
+    best = None
+    for floor, rooms in enumerate(FLOORS):
+        for room in rooms:
+            for prefix in (room if isinstance(room, tuple) else (room,)):
+                if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                    best = (len(prefix), floor, str(room))
+    assert best is not None, f"{module}: on no floor of cmasd.core.FLOORS"
+    return best[1], best[2]
+
+
+def is_type_checking(node: ast.AST) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(tree: ast.AST, module: str) -> Iterator[Tuple[int, str]]:
+    """(line, imported module) of every import that runs."""
+    for node in ast.iter_child_nodes(tree):
+        if is_type_checking(node):
+            yield from (item for child in node.orelse for item in imports(child, module))
+            continue
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package
+                package = module.split(".")
+                package = package[: len(package) - node.level + (MODULES[module].name == "__init__.py")]
+                base = ".".join(package + ([base] if base else []))
+            # ``from cmasd.decoding import extension`` imports the module cmasd.decoding.extension
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                yield node.lineno, name if name in MODULES else base
+        yield from imports(node, module)
+
+
+def violations() -> List[str]:
+    found = []
+    for module, path in MODULES.items():
+        floor, room = place(module)
+        for line, target in sorted(set(imports(ast.parse(path.read_text(), str(path)), module))):
+            where = f"{path.name}:{line}: {module} imports {target}"
+            if target.split(".")[0] == "fairseq_plugins" and not module.startswith(PROGRAMS):
+                found.append(f"{where}: the library never imports the plugins")
+            if target.split(".")[0] != "cmasd" or target == "cmasd":
+                continue
+            their_floor, their_room = place(target)
+            if their_floor > floor:
+                found.append(f"{where}: up from floor {floor} to {their_floor}")
+            elif their_floor == floor and their_room != room:
+                found.append(f"{where}: sideways on floor {floor}, {room} -> {their_room}")
+    return found
+
+
+def test_every_module_is_on_a_floor():
+    for module in MODULES:
+        place(module)
+
+
+def test_imports_only_go_down():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("source, wanted", [
+    ("from cmasd.decoding.generator import SpeculativeGenerator", "up from floor"),
+    ("from cmasd.verification.base import Needs", "sideways"),
+    ("import fairseq_plugins", "never imports the plugins"),
+])
+def test_a_bad_import_is_caught(tmp_path, monkeypatch, source, wanted):
+    """A drafter that imported the loop, a rule, or the plugins would fail the test."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(f"def f():\n    {source}\n")
+    monkeypatch.setitem(MODULES, "cmasd.drafters.bad", bad)
+    found = [v for v in violations() if "cmasd.drafters.bad" in v]
+    assert len(found) == 1 and wanted in found[0]
