@@ -20,6 +20,7 @@ from torch import Tensor
 
 from cmasd.core.drafting import LowerLayers
 from cmasd.decoding.attention import DecodingDecoder, additive_mask
+from cmasd.layers.transformer import encoder_states
 
 Resume = LowerLayers  # its old name (a self-speculative drafter resumes verification above them)
 
@@ -73,16 +74,6 @@ def widened(cache: Tensor, size: int) -> Tensor:
     bigger = cache.new_zeros(cache.shape[:2] + (size,) + cache.shape[3:])  # (B, H, size, d)
     bigger[:, :, : cache.size(2)] = cache
     return bigger
-
-
-def encoder_states(encoder_out: dict) -> Tuple[Tensor, Tensor]:
-    """fairseq encoder output -> states (B, S, C) and which source tokens are real (B, S)."""
-    states = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
-    if encoder_out["encoder_padding_mask"]:
-        real = ~encoder_out["encoder_padding_mask"][0]  # (B, S)
-    else:
-        real = torch.ones(states.shape[:2], dtype=torch.bool, device=states.device)
-    return states, real
 
 
 class BlockScorer:
