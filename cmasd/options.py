@@ -1,8 +1,10 @@
 """Options of speculative generation and how they build the generator.
 
-``SpeculativeDecodingConfig`` is mixed into the ``translation_speculative`` task's
-config, so its fields are ``fairseq-generate`` flags (``--drafter-path``, ``--spec-k``,
-``--cmasd-alpha``, ...). ``build_speculative_generator`` checks them together with
+Each part declares the options it reads as a dataclass beside it (``SpecBoundOptions`` in
+``cmasd.drafters.early_exit``, ``GammaTuneOptions`` in ``cmasd.verification.history``, ...;
+a registered part names them in its ``options``); ``SpeculativeDecodingConfig`` composes
+them and is mixed into the ``translation_speculative`` task's config, so its fields are
+``fairseq-generate`` flags (``--drafter-path``, ``--spec-k``, ``--cmasd-alpha``, ...). ``build_speculative_generator`` checks them together with
 fairseq's own generation options and assembles the parts, each from its registry:
 the drafter kind (``cmasd.drafters.DRAFTER_KINDS``), the lookups in front of it
 (``cmasd.drafters.ngram``), the controller (``CONTROLLERS``), the acceptance rule
@@ -11,8 +13,8 @@ the drafter kind (``cmasd.drafters.DRAFTER_KINDS``), the lookups in front of it
 
 import atexit
 import logging
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Optional, Sequence, Tuple
 
 import torch
 from fairseq import checkpoint_utils
@@ -22,15 +24,19 @@ from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.decoding.kernels import KERNEL_CHOICES, resolve_kernels
 from cmasd.decoding.sentences import PER_SENTENCE_CHOICES, per_sentence
-from cmasd.drafters.registry import DRAFTER_KINDS
-from cmasd.drafters.base import Drafter, Nothing
+from cmasd.drafters.base import Drafter, ModelDrafterOptions, Nothing
 from cmasd.drafters.compose import Fallback
-from cmasd.drafters.ngram import HistoryNgram, SourceNgram
+from cmasd.drafters.early_exit import SpecBoundOptions
+from cmasd.drafters.ngram import HistoryNgram, LookupOptions, SourceNgram
+from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.errors import UsageError
 from cmasd.models.registry import build_model
-from cmasd.verification.acceptance import ACCEPTANCE_RULES, TAU_SCHEDULES
-from cmasd.verification.confidence import CONFIDENCES, DEFAULT_WEIGHTS, ConfidenceSpec
+from cmasd.verification.acceptance import ACCEPTANCE_RULES, ModulatedThresholdOptions, TopKGapOptions
+from cmasd.verification.base import DraftLengthOptions
+from cmasd.verification.confidence import ConfidenceOptions, ConfidenceSpec, ScaledLengthOptions
 from cmasd.verification.controllers import CONTROLLERS
+from cmasd.verification.history import GammaTuneOptions, IdleOptions, StopThresholdOptions
+from cmasd.verification.rejection import RejectionOptions
 from cmasd.verification.sampling import Sampling
 
 logger = logging.getLogger(__name__)
@@ -39,167 +45,124 @@ AUTO = "auto"
 
 
 @dataclass
-class SpeculativeDecodingConfig(FairseqDataclass):
+class ChosenParts:
+    """Which drafter and which controller the generator is built with."""
+
     drafter_path: Optional[str] = field(
         default=None,
         metadata={"help": "the model drafter's checkpoint: a Spec-Drafter, or a fairseq Transformer with the "
                   "verifier's dictionary as an autoregressive draft model. Generation is speculative when it "
                   "or a lookup (--spec-history-ngram, --spec-source-ngram) is given"},
     )
-    drafter_kind: ChoiceEnum([AUTO] + list(DRAFTER_KINDS)) = field(
+    drafter_kind: str = field(
         default=AUTO,
         metadata={"help": "how --drafter-path drafts: spec (the Spec-Drafter, non-autoregressive), autoregressive "
                   "(a fairseq Transformer, one token per pass), specbound (early exits of the verifier's own layers "
                   "with exit heads; without --drafter-path, the verifier's output head at every layer), blockwise "
                   "(blockwise parallel decoding's heads on the verifier's last state), or auto (from the "
-                  "checkpoint's model)"},
+                  "checkpoint's model)", "choices": (AUTO, *DRAFTER_KINDS)},
     )
-    spec_controller: ChoiceEnum(list(CONTROLLERS)) = field(
+    spec_controller: str = field(
         default="fixed",
         metadata={"help": "draft-length controller: fixed k; cmasd (CM-ASD's confidence-scaled k); gammatune, "
                   "gammatune-plus (GammaTune's window from the accepted tokens, + a drafter-probability stop); "
                   "hf-heuristic (+2 after a fully accepted draft, else -1); assistant-threshold (up to --spec-k, "
-                  "ending after the first draft below --draft-stop-threshold)"},
+                  "ending after the first draft below --draft-stop-threshold)", "choices": tuple(CONTROLLERS)},
     )
-    spec_k: int = field(
-        default=10,
-        metadata={"help": "draft length of the fixed controller (the gamma of an autoregressive draft model); 0: "
-                  "nothing drafted, the verifier decodes greedily through the same loop (a reference for "
-                  "measurements); the initial gamma of gammatune, gammatune-plus and hf-heuristic, the most of "
-                  "assistant-threshold"},
-    )
-    spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd and gammatune "
-                                                         "controllers"})
-    spec_k_max: Optional[int] = field(
-        default=None,
-        metadata={"help": "largest draft length of the cmasd, gammatune and hf-heuristic controllers (default: the "
-                  "Spec-Drafter's block; required with other drafters)"},
-    )
-    gammatune_eta: float = field(
-        default=0.5, metadata={"help": "gammatune: weight eta in (0, 1] of the latest accepted count in the window's "
-                               "moving average (the paper gives no value)"}
-    )
-    gammatune_delta: int = field(
-        default=1, metadata={"help": "gammatune: expansion delta >= 0 after a fully accepted draft (the paper gives no "
-                             "value)"}
-    )
-    gammatune_expansion: ChoiceEnum(["text", "algorithm"]) = field(
-        default="text",
-        metadata={"help": "gammatune: text: a fully accepted draft enters the average as A + delta (the paper's "
-                  "text); algorithm: Algorithm 1 as printed, whose gamma <- A + delta is overwritten at once (delta "
-                  "has no effect)"},
-    )
-    spec_idle_below: float = field(
-        default=1.0,
-        metadata={"help": "cmasd, gammatune, gammatune-plus, cmasd-gammatune: a row whose moving average of accepted "
-                  "drafts per drafting iteration falls below this drafts nothing (the verifier alone) until its "
-                  "iteration count reaches the next multiple of its probe period, then probes; 0: off"},
-    )
-    spec_probe_every: int = field(
-        default=16, metadata={"help": "the first probe period of --spec-idle-below, in iterations; it doubles after "
-                              "each probe that does not pay and resets when drafting pays again"}
-    )
-    draft_stop_threshold: float = field(
-        default=0.4,
-        metadata={"help": "gammatune-plus, assistant-threshold: a draft ends after its first token whose drafter "
-                  "probability is below this, in [0, 1] (transformers v5's default 0.4)"},
-    )
-    spec_draft_block: Optional[int] = field(
-        default=None,
-        metadata={"help": "Spec-Drafter: mask slots it runs per pass (default: its block, as trained); fewer, down "
-                  "to --spec-k or --spec-k-max, costs less, but the drafter then sees a shorter block than in "
-                  "training"},
-    )
-    spec_drafter_quantize: ChoiceEnum(["none", "int8"]) = field(
-        default="none",
-        metadata={"help": "int8: dynamic int8 quantization of the model drafter's linear layers (CPU only): less "
-                  "memory read per drafter pass; the verifier keeps full precision, so exact acceptance stays "
-                  "lossless"},
-    )
-    spec_history_ngram: int = field(
-        default=0,
-        metadata={"help": "n > 0: where a row's last n accepted tokens occurred earlier in it, draft the tokens that "
-                  "followed that occurrence (continued periodically, confidence 1) in front of the model drafter, "
-                  "which is skipped when every row has such a draft (catches repetition loops; 0: off)"},
-    )
-    spec_source_ngram: int = field(
-        default=0,
-        metadata={"help": "n > 0: where a row's last n accepted tokens occur in its source sentence, draft the "
-                  "source tokens that follow (confidence 1), in front of the model drafter (after history "
-                  "drafts); needs a joined dictionary (0: off)"},
-    )
-    specbound_alpha: float = field(
-        default=1.0,
-        metadata={"help": "specbound: ACT's annealing alpha >= 0, temperature T_l = 1 + alpha (1 - l / L) at layer l "
-                  "(0: no annealing)"},
-    )
-    specbound_tau: float = field(
-        default=0.8, metadata={"help": "specbound: a token exits at the first layer where max softmax(z_l / T_l) >= "
-                               "tau, in (0, 1]"}
-    )
-    specbound_d_max: Optional[int] = field(
-        default=None,
-        metadata={"help": "specbound: a token that runs this many layers without exiting ends the draft (the hard "
-                  "token), in 1 .. L - 1 (default: L - 1, no bound below the last layer)"},
-    )
-    specbound_w_max: int = field(
-        default=8, metadata={"help": "specbound: most tokens one draft holds (the fixed controller sends up to "
-                             "--spec-k of them)"}
-    )
-    spec_per_sentence: ChoiceEnum(list(PER_SENTENCE_CHOICES)) = field(
+
+
+@dataclass
+class LoopOptions:
+    """How the loop runs: one sentence at a time or batched, on which kernels."""
+
+    spec_per_sentence: str = field(
         default="auto",
         metadata={"help": "decode each sentence of a batch as a batch of its own (its source unpadded): a sentence's "
                   "arithmetic, and so with --sampling its sample, is then the same at any --batch-size, by "
                   "construction, but a batch runs at batch 1's speed. auto: with --sampling only (greedy output "
                   "equals fairseq-generate --beam 1 at the same batch size either way); always; never (batched "
                   "sampling: a sentence's sample can differ between batch sizes where rounding moves a probability "
-                  "across its uniform)"},
+                  "across its uniform)", "choices": tuple(PER_SENTENCE_CHOICES)},
     )
-    spec_kernels: ChoiceEnum(list(KERNEL_CHOICES)) = field(
+    spec_kernels: str = field(
         default="auto",
         metadata={"help": "linear-layer kernels of the verifier's decoder and the model drafter while decoding: "
                   "gemv (a C++ matrix-vector kernel compiled on first use, for inputs of up to 8 rows, packed above; "
                   "CPU with AVX2), packed (oneDNN on weights packed once; CPU), native (torch's default, as fairseq "
                   "runs them), auto (gemv where it builds, else packed on CPU where torch has it, else native). The "
-                  "verifier's arithmetic stays float32"},
+                  "verifier's arithmetic stays float32", "choices": tuple(KERNEL_CHOICES)},
     )
-    spec_acceptance: ChoiceEnum([AUTO] + list(ACCEPTANCE_RULES)) = field(
+
+
+@dataclass
+class ChosenRule:
+    """Which acceptance rule verifies."""
+
+    spec_acceptance: str = field(
         default=AUTO,
         metadata={"help": "greedy: exact (lossless, equals --beam 1), topk-gap (SpecDec's top-beta and tau), cmasd "
                   "(top-beta and confidence-modulated tau); with --sampling: rejection (speculative sampling, "
-                  "distributed as fairseq's --sampling); auto: exact, or rejection with --sampling"},
+                  "distributed as fairseq's --sampling); auto: exact, or rejection with --sampling",
+                  "choices": (AUTO, *ACCEPTANCE_RULES)},
     )
-    spec_lenience: float = field(
-        default=1.0,
-        metadata={"help": "rejection: lenience L in (0, 1], accept a draft x when u < p(x) / (L q(x)); 1 is exact, "
-                  "smaller accepts more and no longer samples from the verifier's distribution"},
-    )
-    ears_beta: float = field(
-        default=0.0,
-        metadata={"help": "rejection: EARS tolerance beta >= 0 (0: off; the paper uses 0.1): a rejected draft is "
-                  "still accepted when p(x) / (L q(x)) >= u - beta (1 - max p); not exact when > 0"},
-    )
-    spec_beta: int = field(default=3, metadata={"help": "topk-gap/cmasd: the draft must be in the verifier's top-beta"})
-    spec_tau: float = field(default=1.0, metadata={"help": "topk-gap: largest log-probability gap to the verifier's top-1"})
-    cmasd_confidence: ChoiceEnum(list(CONFIDENCES)) = field(
-        default="ensemble", metadata={"help": "the drafter confidence driving k and tau"}
-    )
-    cmasd_weights: str = field(
-        default=DEFAULT_WEIGHTS,
-        metadata={"help": "ensemble weights of entropy, logit-margin and softmax-margin confidence; sum to 1"},
-    )
-    cmasd_margin_scale: float = field(default=1.0, metadata={"help": "beta_m of the logit-margin confidence"})
-    cmasd_margin_rescaled: bool = field(
-        default=False, metadata={"help": "use 2*sigmoid-1 (range [0,1)) instead of the paper's sigmoid ([0.5,1))"}
-    )
-    cmasd_alpha: float = field(default=1.0, metadata={"help": "aggressiveness alpha in (0, 1] of the adaptive k"})
-    cmasd_tau_base: float = field(default=0.1, metadata={"help": "tau_base of the adaptive threshold"})
-    cmasd_gamma: float = field(default=1.0, metadata={"help": "gamma of the adaptive threshold"})
-    cmasd_tau_schedule: ChoiceEnum(list(TAU_SCHEDULES)) = field(
-        default="paper",
-        metadata={"help": "paper: tau_base + gamma*(1-C) (the paper's formula); "
-                  "confidence: tau_base + gamma*C (what its text describes)"},
-    )
+
+
+# Every part's options, in the order fairseq-generate --help has always listed them; the
+# options a registered drafter kind, controller or acceptance rule declares and this list
+# leaves out follow, in registry order (``OPTION_PARTS``).
+LISTED_PARTS = (
+    ChosenParts,
+    DraftLengthOptions,
+    GammaTuneOptions,
+    IdleOptions,
+    StopThresholdOptions,
+    ModelDrafterOptions,
+    LookupOptions,
+    SpecBoundOptions,
+    LoopOptions,
+    ChosenRule,
+    RejectionOptions,
+    TopKGapOptions,
+    ConfidenceOptions,
+    ScaledLengthOptions,
+    ModulatedThresholdOptions,
+)
+
+
+def declared_options() -> Tuple[type, ...]:
+    """The option dataclasses the registered parts declare (their ``options``), each once."""
+    parts = (*DRAFTER_KINDS.values(), *CONTROLLERS.values(), *ACCEPTANCE_RULES.values())
+    return tuple(dict.fromkeys(option for part in parts for option in part.options))
+
+
+OPTION_PARTS = LISTED_PARTS + tuple(o for o in declared_options() if o not in LISTED_PARTS)
+
+
+def compose(name: str, parts: Sequence[type], doc: str) -> type:
+    """A ``FairseqDataclass`` named ``name`` with every field of the dataclasses ``parts``,
+    in their order: fairseq makes a flag of each (``--spec-k`` of ``spec_k``), with the
+    field's default and help. A field whose metadata lists ``choices`` becomes a
+    ``ChoiceEnum`` of them, fairseq's flag with choices (the parts stay plain dataclasses:
+    the library below ``cmasd.options`` needs no fairseq to declare its options). A field
+    declared by two parts is refused."""
+    specs, owner = [], {}
+    for part in parts:
+        for f in fields(part):
+            if f.name in owner:
+                raise TypeError(f"option {f.name}: declared by {owner[f.name].__name__} and {part.__name__}")
+            owner[f.name] = part
+            metadata = {k: v for k, v in f.metadata.items() if k != "choices"}
+            kind = ChoiceEnum(list(f.metadata["choices"])) if "choices" in f.metadata else f.type
+            specs.append((f.name, kind, field(default=f.default, default_factory=f.default_factory, metadata=metadata)))
+    config = make_dataclass(name, specs, bases=(FairseqDataclass,), namespace={"__doc__": doc})
+    config.__module__ = __name__
+    return config
+
+
+SpeculativeDecodingConfig = compose(
+    "SpeculativeDecodingConfig", OPTION_PARTS,
+    "The options of speculative generation: the fields of every part's options (``OPTION_PARTS``).",
+)
 
 
 def is_speculative(cfg: SpeculativeDecodingConfig) -> bool:

@@ -44,3 +44,82 @@ def test_speculative_flags_are_unchanged():
 def test_task_flags_keep_their_order():
     got = [a.option_strings[0] if a.option_strings else a.dest for a in flags(TranslationSpeculativeConfig)]
     assert got == SNAPSHOT["task_order"]
+
+
+def test_every_part_option_is_composed_once():
+    """The config has each part's fields, none defined twice, none lost, none of its own."""
+    from dataclasses import fields
+
+    from cmasd.options import OPTION_PARTS, declared_options
+
+    owners = {}
+    for part in OPTION_PARTS:
+        for f in fields(part):
+            assert f.name not in owners, f"{f.name}: declared by {owners[f.name].__name__} and {part.__name__}"
+            owners[f.name] = part
+    composed = [f.name for f in fields(SpeculativeDecodingConfig) if f.name != "_name"]
+    assert composed == list(owners)
+    assert set(declared_options()) <= set(OPTION_PARTS)
+
+
+def test_parts_declare_the_options_they_read():
+    """Each registered part reads its options through ``options``: building it from a
+    config of its declared dataclasses alone (nothing else) works or refuses in one line,
+    but never misses an attribute."""
+    from dataclasses import fields
+
+    from cmasd.drafters.registry import DRAFTER_KINDS
+    from cmasd.verification.acceptance import ACCEPTANCE_RULES
+    from cmasd.verification.controllers import CONTROLLERS
+
+    def only(parts):
+        values = {f.name: f.default for part in parts for f in fields(part)}
+        return argparse.Namespace(**values)
+
+    for name, rule in ACCEPTANCE_RULES.items():
+        rule.from_config(only(rule.options))
+    for name, controller in CONTROLLERS.items():
+        controller.from_config(only(controller.options), 16)
+    for name, kind in DRAFTER_KINDS.items():
+        assert kind.options == () or all(isinstance(o, type) for o in kind.options), name
+
+
+def test_composition_refuses_a_field_declared_twice():
+    from dataclasses import dataclass, field
+
+    import pytest
+
+    from cmasd.options import compose
+
+    @dataclass
+    class One:
+        spec_k: int = field(default=1, metadata={"help": "one"})
+
+    @dataclass
+    class Two:
+        spec_k: int = field(default=2, metadata={"help": "two"})
+
+    with pytest.raises(TypeError, match="spec_k: declared by One and Two"):
+        compose("Twice", (One, Two), "")
+
+
+def test_bench_checkpoint_flags_are_the_registry_kinds():
+    """cmasd-bench's checkpoint options are exactly the drafter kinds' (``checkpoint_option``),
+    each a role its configurations name; the roles and flags are those bench.json has always
+    recorded."""
+    from cmasd.drafters.registry import DRAFTER_KINDS
+    from cmasd.tools.bench.cli import build_parser
+    from cmasd.tools.bench.configs import CONFIGS, DRAFTER_OPTIONS, NO_DRAFTER, option_dest, record_key
+    from cmasd.tools.bench.loading import drafter_paths
+
+    parser = build_parser()
+    flags = {o for a in parser._actions for o in a.option_strings if o.endswith("-path") and o != "--path"}
+    assert flags == {kind.checkpoint_option for kind in DRAFTER_KINDS.values()}
+    assert DRAFTER_OPTIONS == {"spec": "--drafter-path", "ar": "--ar-drafter-path", "exit": "--exit-heads-path",
+                               "blockwise": "--blockwise-heads-path"}
+    assert [record_key(o) for o in DRAFTER_OPTIONS.values()] == ["drafter", "ar_drafter", "exit_heads",
+                                                                 "blockwise_heads"]
+    assert {c.drafter for c in CONFIGS.values() if c.speculative} <= {*DRAFTER_OPTIONS, NO_DRAFTER}
+    args = parser.parse_args(["DATA", "--path", "v.pt", "--ar-drafter-path", "ar.pt", "--exit-heads-path", "x.pt"])
+    assert drafter_paths(args) == {"ar": "ar.pt", "exit": "x.pt"}
+    assert all(hasattr(args, option_dest(o)) for o in DRAFTER_OPTIONS.values())

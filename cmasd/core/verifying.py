@@ -11,12 +11,14 @@ log-probabilities, randomness. The loop asks the drafter for exactly what some p
 needs and passes ``None`` for the rest, so a part never pays for what nobody reads.
 
 A part is built from the fairseq options by its own ``from_config`` (one constructor per
-class), found by name in its registry (``ACCEPTANCE_RULES``, ``CONTROLLERS``).
+class), found by name in its registry (``ACCEPTANCE_RULES``, ``CONTROLLERS``). It declares
+the options it reads (``options``: dataclasses of fields with a default and a help text,
+defined beside it); ``cmasd.options`` composes them into ``fairseq-generate``'s flags.
 """
 
 import abc
 from dataclasses import dataclass, fields, replace
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -92,6 +94,7 @@ class AcceptanceRule(abc.ABC):
     needs: Needs = Needs()
     lossless: bool = False  # the output equals the verifier's greedy output, whatever was drafted
     samples: bool = False  # verifies sampling (--sampling) rather than greedy decoding
+    options: Tuple[type, ...] = ()  # the dataclasses of the options ``from_config`` reads (``cmasd.options``)
 
     @classmethod
     @abc.abstractmethod
@@ -117,6 +120,7 @@ class Controller(abc.ABC):
     """
 
     needs: Needs = Needs()
+    options: Tuple[type, ...] = ()  # the dataclasses of the options ``from_config`` reads (``cmasd.options``)
     horizon: int
     # A controller that ends each row's draft after the first drafted token whose drafter
     # probability is below a threshold says so here: a drafter that drafts step by step

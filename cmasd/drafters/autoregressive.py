@@ -26,7 +26,16 @@ from torch import Tensor
 
 from cmasd.decoding.attention import encoder_of
 from cmasd.decoding.cache import BlockScorer, VerifierCache
-from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, choose, chosen_probability, model_draft
+from cmasd.drafters.base import (
+    Draft,
+    DraftRequest,
+    ModelDrafter,
+    ModelDrafterOptions,
+    Source,
+    choose,
+    chosen_probability,
+    model_draft,
+)
 from cmasd.errors import UsageError
 
 
@@ -59,6 +68,11 @@ class AutoregressiveDrafter(ModelDrafter):
 
     name = "autoregressive"
     model_class = TransformerModelBase
+    options = (ModelDrafterOptions,)
+    bench_role = "ar"
+    checkpoint_option = "--ar-drafter-path"
+    checkpoint_help = ("autoregressive draft model checkpoint (a fairseq Transformer with the verifier's dictionary; "
+                       "needed by the ar-* configurations)")
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False):
         self.model = model

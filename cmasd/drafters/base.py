@@ -1,9 +1,11 @@
 """Helpers of the drafters: how a model drafter chooses its tokens (``choose``) and makes
 its draft (``model_draft``), the point mass of a lookup's draft, and the drafter that
-drafts nothing. The contract itself and its records live on the ground floor
+drafts nothing, and the options of the model drafters that run a model of their own
+(``ModelDrafterOptions``). The contract itself and its records live on the ground floor
 (``cmasd.core.drafting``) and are imported here too, where the drafters and outside code
 have always found them."""
 
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 import torch
@@ -24,6 +26,24 @@ from cmasd.core.drafting import (  # noqa: F401  (the contract, at its old addre
     empty_draft,
 )
 from cmasd.verification.sampling import draw
+
+
+@dataclass
+class ModelDrafterOptions:
+    """How a draft model of its own runs (the Spec-Drafter, an autoregressive draft model)."""
+
+    spec_draft_block: Optional[int] = field(
+        default=None,
+        metadata={"help": "Spec-Drafter: mask slots it runs per pass (default: its block, as trained); fewer, down "
+                  "to --spec-k or --spec-k-max, costs less, but the drafter then sees a shorter block than in "
+                  "training"},
+    )
+    spec_drafter_quantize: str = field(
+        default="none",
+        metadata={"help": "int8: dynamic int8 quantization of the model drafter's linear layers (CPU only): less "
+                  "memory read per drafter pass; the verifier keeps full precision, so exact acceptance stays "
+                  "lossless", "choices": ("none", "int8")},
+    )
 
 
 def choose(logits: Tensor, request: DraftRequest, pad: int, uniforms: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:

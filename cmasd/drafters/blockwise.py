@@ -40,6 +40,10 @@ class BlockwiseDrafter(ModelDrafter):
     reads_verifier = True
     model_class = BlockwiseHeadsModel
     samples = False  # proposes the heads' argmax
+    bench_role = "blockwise"
+    checkpoint_option = "--blockwise-heads-path"
+    checkpoint_help = ("blockwise parallel decoding's heads for the verifier (data-prep/train-blockwise-heads.sh; "
+                       "needed by the blockwise configurations)")
 
     def __init__(self, model: BlockwiseHeadsModel, pad: int):
         self.model = model.eval()

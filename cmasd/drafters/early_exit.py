@@ -24,7 +24,7 @@ Each draft's metrics (``Draft.metrics``) count the layers its offered tokens exi
 """
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -70,6 +70,30 @@ class TrainedHeads(ExitHeads):
 def annealed_temperatures(alpha: float, layers: int) -> List[float]:
     """ACT's T_l = 1 + alpha (1 - l / L) for l = 1 .. L (index l - 1)."""
     return [1.0 + alpha * (1.0 - layer / layers) for layer in range(1, layers + 1)]
+
+
+@dataclass
+class SpecBoundOptions:
+    """SpecBound's threshold and bounds (``--drafter-kind specbound``)."""
+
+    specbound_alpha: float = field(
+        default=1.0,
+        metadata={"help": "specbound: ACT's annealing alpha >= 0, temperature T_l = 1 + alpha (1 - l / L) at layer l "
+                  "(0: no annealing)"},
+    )
+    specbound_tau: float = field(
+        default=0.8, metadata={"help": "specbound: a token exits at the first layer where max softmax(z_l / T_l) >= "
+                               "tau, in (0, 1]"}
+    )
+    specbound_d_max: Optional[int] = field(
+        default=None,
+        metadata={"help": "specbound: a token that runs this many layers without exiting ends the draft (the hard "
+                  "token), in 1 .. L - 1 (default: L - 1, no bound below the last layer)"},
+    )
+    specbound_w_max: int = field(
+        default=8, metadata={"help": "specbound: most tokens one draft holds (the fixed controller sends up to "
+                             "--spec-k of them)"}
+    )
 
 
 def check_bounds(layers: int, alpha: float, tau: float, d_max: int, w_max: int) -> None:
@@ -133,6 +157,11 @@ class EarlyExitDrafter(ModelDrafter):
     model_class = ExitHeadsModel
     model_optional = True  # no --drafter-path: untrained heads (``VerifierHeads``)
     samples = False  # exits on a confident argmax
+    options = (SpecBoundOptions,)
+    bench_role = "exit"
+    checkpoint_option = "--exit-heads-path"
+    checkpoint_help = ("SpecBound's exit heads for the verifier (data-prep/train-exit-heads.sh; needed by the "
+                       "specbound configurations)")
 
     @staticmethod
     def horizon_limit(model) -> Optional[int]:

@@ -25,7 +25,7 @@ served in its draft's ``metrics`` under its own name; ``LookupRates`` reports th
 row-iterations each lookup drafted.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Mapping, Sequence, Tuple
 
 import torch
@@ -41,6 +41,24 @@ from cmasd.drafters.base import (
 )
 from cmasd.core.metrics import MetricReport
 from cmasd.errors import UsageError
+
+
+@dataclass
+class LookupOptions:
+    """The lookups in front of the model drafter (``cmasd.options.build_drafter``)."""
+
+    spec_history_ngram: int = field(
+        default=0,
+        metadata={"help": "n > 0: where a row's last n accepted tokens occurred earlier in it, draft the tokens that "
+                  "followed that occurrence (continued periodically, confidence 1) in front of the model drafter, "
+                  "which is skipped when every row has such a draft (catches repetition loops; 0: off)"},
+    )
+    spec_source_ngram: int = field(
+        default=0,
+        metadata={"help": "n > 0: where a row's last n accepted tokens occur in its source sentence, draft the "
+                  "source tokens that follow (confidence 1), in front of the model drafter (after history "
+                  "drafts); needs a joined dictionary (0: off)"},
+    )
 
 
 def check_n(n: int, option: str) -> int:

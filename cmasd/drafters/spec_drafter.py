@@ -20,7 +20,7 @@ from torch import Tensor
 
 from cmasd.decoding.attention import DecodingDecoder, additive_mask
 from cmasd.decoding.cache import encoder_states, keep_rows, widened
-from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, Source, model_draft
+from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Source, model_draft
 from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel
 
@@ -75,6 +75,10 @@ class SpecDrafter(ModelDrafter):
 
     name = "spec"
     model_class = SpecDrafterModel
+    options = (ModelDrafterOptions,)
+    bench_role = "spec"
+    checkpoint_option = "--drafter-path"
+    checkpoint_help = "Spec-Drafter checkpoint (needed by the configurations that draft with it: most speculative ones)"
 
     def __init__(self, model: SpecDrafterModel, kernels: str = "native", block: Optional[int] = None):
         self.model = model

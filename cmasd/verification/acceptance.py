@@ -13,6 +13,7 @@ These verify greedy decoding. With ``--sampling`` the rule is ``rejection``
 (``cmasd.verification.rejection``: speculative sampling, lenience, EARS).
 """
 
+from dataclasses import dataclass, field
 from typing import Dict, Tuple
 
 import torch
@@ -41,6 +42,14 @@ def gap_to_top1(proposal: Tensor, verifier_lprobs: Tensor, beta: int) -> Tuple[T
     return in_top, top.values[..., 0] - draft_lprob
 
 
+@dataclass
+class TopKGapOptions:
+    """The top-beta and the gap of SpecDec's rule (``topk-gap``; beta also ``cmasd``'s)."""
+
+    spec_beta: int = field(default=3, metadata={"help": "topk-gap/cmasd: the draft must be in the verifier's top-beta"})
+    spec_tau: float = field(default=1.0, metadata={"help": "topk-gap: largest log-probability gap to the verifier's top-1"})
+
+
 def check_beta(beta: int) -> None:
     if beta < 1:
         raise UsageError(f"--spec-beta: must be >= 1, got {beta}")
@@ -65,6 +74,8 @@ class TopKGap(AcceptanceRule):
     """SpecDec's Spec-Verification (CM-ASD's paper, Sec. III-A): accept a draft within
     the verifier's top-beta whose log-likelihood gap to the top-1 is <= tau."""
 
+    options = (TopKGapOptions,)
+
     def __init__(self, beta: int, tau: float):
         check_beta(beta)
         if tau < 0:
@@ -82,6 +93,19 @@ class TopKGap(AcceptanceRule):
 
 
 TAU_SCHEDULES = ("paper", "confidence")
+
+
+@dataclass
+class ModulatedThresholdOptions:
+    """CM-ASD's adaptive threshold (``cmasd``)."""
+
+    cmasd_tau_base: float = field(default=0.1, metadata={"help": "tau_base of the adaptive threshold"})
+    cmasd_gamma: float = field(default=1.0, metadata={"help": "gamma of the adaptive threshold"})
+    cmasd_tau_schedule: str = field(
+        default="paper",
+        metadata={"help": "paper: tau_base + gamma*(1-C) (the paper's formula); "
+                  "confidence: tau_base + gamma*C (what its text describes)", "choices": TAU_SCHEDULES},
+    )
 
 
 def adaptive_tau(confidence: Tensor, tau_base: float, gamma: float, schedule: str) -> Tensor:
@@ -105,6 +129,8 @@ class ConfidenceModulated(AcceptanceRule):
     by a lookup (``cmasd.drafters.ngram``) has confidence 1."""
 
     needs = Needs(confidence=True)
+
+    options = (TopKGapOptions, ModulatedThresholdOptions)
 
     def __init__(self, beta: int, tau_base: float, gamma: float, schedule: str):
         check_beta(beta)

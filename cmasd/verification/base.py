@@ -1,7 +1,9 @@
 """Helpers of the acceptance rules and controllers; their contracts and records live on
 the ground floor (``cmasd.core.verifying``) and are imported here too, where the rules,
-the controllers and outside code have always found them."""
+the controllers and outside code have always found them; and the draft-length options
+the controllers share (``DraftLengthOptions``)."""
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -33,6 +35,26 @@ def within(option: str, value: int, low: int, limit: Optional[int], what: str = 
             raise UsageError(f"{option}: must be >= {low}, got {value}")
     elif not low <= value <= limit:
         raise UsageError(f"{option}: must be in [{low}, {limit}] ({what}), got {value}")
+
+
+@dataclass
+class DraftLengthOptions:
+    """The draft lengths of the controllers (``--spec-k``, ``--spec-k-min``, ``--spec-k-max``)."""
+
+    spec_k: int = field(
+        default=10,
+        metadata={"help": "draft length of the fixed controller (the gamma of an autoregressive draft model); 0: "
+                  "nothing drafted, the verifier decodes greedily through the same loop (a reference for "
+                  "measurements); the initial gamma of gammatune, gammatune-plus and hf-heuristic, the most of "
+                  "assistant-threshold"},
+    )
+    spec_k_min: int = field(default=1, metadata={"help": "smallest draft length of the cmasd and gammatune "
+                                                         "controllers"})
+    spec_k_max: Optional[int] = field(
+        default=None,
+        metadata={"help": "largest draft length of the cmasd, gammatune and hf-heuristic controllers (default: the "
+                  "Spec-Drafter's block; required with other drafters)"},
+    )
 
 
 def largest_k(cfg, limit: Optional[int]) -> int:

@@ -16,7 +16,7 @@ higher meaning more certain:
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Dict, Sequence, Tuple
 
@@ -62,6 +62,13 @@ def parse_weights(text: str) -> Tuple[float, ...]:
         return tuple(float(Fraction(w.strip())) for w in str(text).split(","))
     except (ValueError, ZeroDivisionError):
         raise UsageError(f"--cmasd-weights: expected three comma-separated numbers, got {text!r}") from None
+
+
+@dataclass
+class ScaledLengthOptions:
+    """CM-ASD's confidence-scaled draft length (the ``cmasd`` and ``cmasd-gammatune`` controllers)."""
+
+    cmasd_alpha: float = field(default=1.0, metadata={"help": "aggressiveness alpha in (0, 1] of the adaptive k"})
 
 
 @dataclass(frozen=True)
@@ -130,3 +137,21 @@ CONFIDENCES: Dict[str, Callable[[ConfidenceSpec, Tensor], Tensor]] = {
     "softmax-margin": lambda spec, logits: softmax_margin_confidence(logits),
     "ensemble": _ensemble,
 }
+
+
+@dataclass
+class ConfidenceOptions:
+    """The confidence score (``--cmasd-*``; ``ConfidenceSpec.from_config``)."""
+
+    cmasd_confidence: str = field(
+        default="ensemble", metadata={"help": "the drafter confidence driving k and tau",
+                                      "choices": tuple(CONFIDENCES)}
+    )
+    cmasd_weights: str = field(
+        default=DEFAULT_WEIGHTS,
+        metadata={"help": "ensemble weights of entropy, logit-margin and softmax-margin confidence; sum to 1"},
+    )
+    cmasd_margin_scale: float = field(default=1.0, metadata={"help": "beta_m of the logit-margin confidence"})
+    cmasd_margin_rescaled: bool = field(
+        default=False, metadata={"help": "use 2*sigmoid-1 (range [0,1)) instead of the paper's sigmoid ([0.5,1))"}
+    )

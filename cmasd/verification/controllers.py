@@ -21,14 +21,17 @@ from torch import Tensor
 from cmasd.core.drafting import Draft
 from cmasd.core.verifying import NO_ROW_STATE, Controller, Needs, RowState
 from cmasd.errors import UsageError
-from cmasd.verification.base import largest_k, within
-from cmasd.verification.history import HISTORY_CONTROLLERS, Idle
+from cmasd.verification.base import DraftLengthOptions, largest_k, within
+from cmasd.verification.confidence import ScaledLengthOptions
+from cmasd.verification.history import HISTORY_CONTROLLERS, Idle, IdleOptions
 
 
 class Fixed(Controller):
     """SpecDec's fixed draft length k. ``k = 0`` drafts nothing: the verifier decodes
     greedily through the same loop, the reference that separates what drafting gains
     from what the loop itself costs or saves against fairseq's SequenceGenerator."""
+
+    options = (DraftLengthOptions,)
 
     def __init__(self, k: int, limit: Optional[int]):
         within("--spec-k", k, 0, limit)
@@ -48,6 +51,7 @@ class ConfidenceScaled(Controller):
     k_j = min(k_max, max(k_min, floor(alpha * mean(C_{j+1..j+k_max}) * k_max)))."""
 
     needs = Needs(confidence=True)
+    options = (DraftLengthOptions, ScaledLengthOptions, IdleOptions)
     initial_length_option = "spec_k_max"
 
     def __init__(self, k_min: int, k_max: int, alpha: float, limit: Optional[int], idle: Optional[Idle] = None):

@@ -37,7 +37,7 @@ may send: the loop asks the drafter for no more than the largest gamma of the ba
 positions projected).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Dict, Optional
 
 import torch
@@ -46,9 +46,57 @@ from torch import Tensor
 from cmasd.core.drafting import Draft, chosen_probability
 from cmasd.core.verifying import Controller, Needs, RowState
 from cmasd.errors import UsageError
-from cmasd.verification.base import largest_k, within
+from cmasd.verification.base import DraftLengthOptions, largest_k, within
+from cmasd.verification.confidence import ScaledLengthOptions
 
 EXPANSIONS = ("text", "algorithm")
+
+
+@dataclass
+class GammaTuneOptions:
+    """GammaTune's window (``gammatune``, ``gammatune-plus``, ``cmasd-gammatune``)."""
+
+    gammatune_eta: float = field(
+        default=0.5, metadata={"help": "gammatune: weight eta in (0, 1] of the latest accepted count in the window's "
+                               "moving average (the paper gives no value)"}
+    )
+    gammatune_delta: int = field(
+        default=1, metadata={"help": "gammatune: expansion delta >= 0 after a fully accepted draft (the paper gives no "
+                             "value)"}
+    )
+    gammatune_expansion: str = field(
+        default="text",
+        metadata={"help": "gammatune: text: a fully accepted draft enters the average as A + delta (the paper's "
+                  "text); algorithm: Algorithm 1 as printed, whose gamma <- A + delta is overwritten at once (delta "
+                  "has no effect)", "choices": EXPANSIONS},
+    )
+
+
+@dataclass
+class IdleOptions:
+    """``Idle``: drafting nothing where drafting does not pay."""
+
+    spec_idle_below: float = field(
+        default=1.0,
+        metadata={"help": "cmasd, gammatune, gammatune-plus, cmasd-gammatune: a row whose moving average of accepted "
+                  "drafts per drafting iteration falls below this drafts nothing (the verifier alone) until its "
+                  "iteration count reaches the next multiple of its probe period, then probes; 0: off"},
+    )
+    spec_probe_every: int = field(
+        default=16, metadata={"help": "the first probe period of --spec-idle-below, in iterations; it doubles after "
+                              "each probe that does not pay and resets when drafting pays again"}
+    )
+
+
+@dataclass
+class StopThresholdOptions:
+    """Where a draft ends by the drafter's probability (``gammatune-plus``, ``assistant-threshold``)."""
+
+    draft_stop_threshold: float = field(
+        default=0.4,
+        metadata={"help": "gammatune-plus, assistant-threshold: a draft ends after its first token whose drafter "
+                  "probability is below this, in [0, 1] (transformers v5's default 0.4)"},
+    )
 
 
 def check_threshold(threshold: float) -> float:
@@ -148,6 +196,8 @@ class GammaState(RowState):
 class GammaTune(Controller):
     """GammaTune's window (see the module docstring)."""
 
+    options = (DraftLengthOptions, GammaTuneOptions, IdleOptions)
+
     def __init__(self, initial: int, eta: float, delta: int, gamma_min: int, gamma_max: int, expansion: str,
                  limit: Optional[int], idle: Optional[Idle] = None):
         within("--spec-k-max", gamma_max, 1, limit)
@@ -206,6 +256,8 @@ class GammaTunePlus(GammaTune):
 
     needs = Needs(draft_logprobs=True)
 
+    options = GammaTune.options + (StopThresholdOptions,)
+
     def __init__(self, *args, threshold: float):
         super().__init__(*args)
         self.stop_below = check_threshold(threshold)
@@ -226,6 +278,8 @@ class ConfidenceInWindow(GammaTune):
     lately; confidence says whether this particular draft looks like it will."""
 
     needs = Needs(confidence=True)
+
+    options = GammaTune.options + (ScaledLengthOptions,)
 
     def __init__(self, *args, alpha: float):
         super().__init__(*args)
@@ -258,6 +312,8 @@ class HFHeuristic(Controller):
     """Hugging Face's heuristic schedule: +2 after a fully accepted draft, else -1 (>= 1),
     never above ``--spec-k-max``."""
 
+    options = (DraftLengthOptions,)
+
     def __init__(self, initial: int, gamma_max: int, limit: Optional[int]):
         within("--spec-k-max", gamma_max, 1, limit)
         within("--spec-k", initial, 1, gamma_max, what=f"the initial gamma, up to --spec-k-max={gamma_max}")
@@ -287,6 +343,8 @@ class AssistantThreshold(Controller):
     first whose drafter probability is below the threshold."""
 
     needs = Needs(draft_logprobs=True)
+
+    options = (DraftLengthOptions, StopThresholdOptions)
 
     def __init__(self, gamma: int, threshold: float, limit: Optional[int]):
         within("--spec-k", gamma, 1, limit)

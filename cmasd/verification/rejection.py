@@ -24,6 +24,7 @@ case, as both papers leave it. p is the verifier's distribution after fairseq's
 generation rules and its sampling options (``cmasd.verification.sampling``).
 """
 
+from dataclasses import dataclass, field
 from typing import Dict
 
 import torch
@@ -36,12 +37,29 @@ from cmasd.verification.sampling import ACCEPT, RESAMPLE, draw_weights
 EPSILON = 1e-10  # EARS's division guard on q(x)
 
 
+@dataclass
+class RejectionOptions:
+    """Lenience and EARS (``rejection``)."""
+
+    spec_lenience: float = field(
+        default=1.0,
+        metadata={"help": "rejection: lenience L in (0, 1], accept a draft x when u < p(x) / (L q(x)); 1 is exact, "
+                  "smaller accepts more and no longer samples from the verifier's distribution"},
+    )
+    ears_beta: float = field(
+        default=0.0,
+        metadata={"help": "rejection: EARS tolerance beta >= 0 (0: off; the paper uses 0.1): a rejected draft is "
+                  "still accepted when p(x) / (L q(x)) >= u - beta (1 - max p); not exact when > 0"},
+    )
+
+
 class SpeculativeSampling(AcceptanceRule):
     """Rejection sampling against the verifier's sampling distribution, with lenience
     ``lenience`` and EARS tolerance ``ears_beta`` (see the module docstring)."""
 
     needs = Needs(draft_logprobs=True, randomness=True)
     samples = True
+    options = (RejectionOptions,)
 
     def __init__(self, lenience: float = 1.0, ears_beta: float = 0.0):
         if not 0.0 < lenience <= 1.0:

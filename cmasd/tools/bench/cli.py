@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from cmasd.decoding.kernels import shared_linears
+from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.errors import UsageError, one_line
 from cmasd.tools.bench.configs import (
     CONFIGS,
@@ -91,14 +92,8 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     """Options shared by cmasd-bench and cmasd-tune."""
     parser.add_argument("data", metavar="DATA", help="fairseq data-bin directory (dict.*.txt, binarized splits)")
     parser.add_argument("--path", required=True, help="verifier checkpoint (fairseq translation model)")
-    parser.add_argument("--drafter-path", help="Spec-Drafter checkpoint (needed by the configurations that draft "
-                        "with it: most speculative ones)")
-    parser.add_argument("--ar-drafter-path", help="autoregressive draft model checkpoint (a fairseq Transformer with "
-                        "the verifier's dictionary; needed by the ar-* configurations)")
-    parser.add_argument("--exit-heads-path", help="SpecBound's exit heads for the verifier "
-                        "(data-prep/train-exit-heads.sh; needed by the specbound configurations)")
-    parser.add_argument("--blockwise-heads-path", help="blockwise parallel decoding's heads for the verifier "
-                        "(data-prep/train-blockwise-heads.sh; needed by the blockwise configurations)")
+    for kind in DRAFTER_KINDS.values():  # each drafter kind's checkpoint, as the kind declares it
+        parser.add_argument(kind.checkpoint_option, help=kind.checkpoint_help)
     parser.add_argument("--gen-subset", default=gen_subset, help=f"split to decode (default: {gen_subset})")
     parser.add_argument("--source-lang", help="default: the verifier checkpoint's")
     parser.add_argument("--target-lang", help="default: the verifier checkpoint's")

@@ -5,6 +5,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from cmasd.drafters.registry import DRAFTER_KINDS
+
 FLOOR = "floor"
 GREEDY = "greedy"
 BEAM5 = "beam5"
@@ -14,12 +16,24 @@ CT2_GREEDY = "ct2-greedy"
 SPEED_REFERENCES = (BEAM5, BEAM4, CT2_GREEDY)
 CTRANSLATE2 = "ctranslate2"
 
-# The drafter a speculative configuration drafts with, and the command-line option that
-# gives its checkpoint: the Spec-Drafter, an autoregressive draft model, SpecBound's exit
-# heads, blockwise parallel decoding's heads.
-DRAFTER_OPTIONS = {"spec": "--drafter-path", "ar": "--ar-drafter-path", "exit": "--exit-heads-path",
-                   "blockwise": "--blockwise-heads-path"}
+# The drafter a speculative configuration drafts with (its ``drafter=``, the kind's
+# ``bench_role``), and the command-line option that gives its checkpoint (the kind's
+# ``checkpoint_option``), one per drafter kind of the registry: the Spec-Drafter (spec,
+# --drafter-path), an autoregressive draft model (ar, --ar-drafter-path), SpecBound's exit
+# heads (exit, --exit-heads-path), blockwise parallel decoding's heads (blockwise,
+# --blockwise-heads-path).
+DRAFTER_OPTIONS = {kind.bench_role: kind.checkpoint_option for kind in DRAFTER_KINDS.values()}
 NO_DRAFTER = "none"  # lookups alone, or nothing drafted (loop-greedy)
+
+
+def option_dest(option: str) -> str:
+    """The attribute argparse stores ``option`` under: ``--ar-drafter-path`` -> ``ar_drafter_path``."""
+    return option[2:].replace("-", "_")
+
+
+def record_key(option: str) -> str:
+    """The key of a checkpoint option in bench.json's environment: ``--ar-drafter-path`` -> ``ar_drafter``."""
+    return option_dest(option).removesuffix("_path")
 
 
 class BenchError(Exception):

@@ -8,7 +8,9 @@ import torch
 
 from cmasd.tools.bench.configs import (
     BenchConfig,
+    DRAFTER_OPTIONS,
     BenchError,
+    option_dest,
     options_dict,
     spec_options,
 )
@@ -86,8 +88,7 @@ def choose_device(args) -> torch.device:
 
 def drafter_paths(args) -> Dict[str, str]:
     """Role -> checkpoint of the drafters given on the command line."""
-    given = {"spec": args.drafter_path, "ar": args.ar_drafter_path, "exit": args.exit_heads_path,
-             "blockwise": args.blockwise_heads_path}
+    given = {role: getattr(args, option_dest(option)) for role, option in DRAFTER_OPTIONS.items()}
     return {role: path for role, path in given.items() if path is not None}
 
 

@@ -7,11 +7,19 @@ import os
 import platform
 import statistics
 import sys
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from cmasd.tools.bench.configs import FLOOR, GREEDY, SPEED_REFERENCES, BenchConfig
+from cmasd.tools.bench.configs import (
+    DRAFTER_OPTIONS,
+    FLOOR,
+    GREEDY,
+    SPEED_REFERENCES,
+    BenchConfig,
+    option_dest,
+    record_key,
+)
 from cmasd.tools.bench.loading import Setup
 from cmasd.tools.bench.measure import Measurements
 from cmasd.tools.bench.scoring import ROUGE_KEYS, References, TextTools, bleu, quality_columns
@@ -322,6 +330,10 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def checkpoint(path: Optional[str]) -> Optional[str]:
+    return os.path.abspath(path) if path else None
+
+
 def environment(args, setup: Setup) -> Dict[str, Any]:
     """Reproducibility record: command, versions, threads, device, date."""
     return {
@@ -333,10 +345,7 @@ def environment(args, setup: Setup) -> Dict[str, Any]:
         "data": os.path.abspath(args.data),
         "gen_subset": args.gen_subset,
         "verifier": os.path.abspath(args.path),
-        "drafter": os.path.abspath(args.drafter_path) if args.drafter_path else None,
-        "ar_drafter": os.path.abspath(args.ar_drafter_path) if args.ar_drafter_path else None,
-        "exit_heads": os.path.abspath(args.exit_heads_path) if args.exit_heads_path else None,
-        "blockwise_heads": os.path.abspath(args.blockwise_heads_path) if args.blockwise_heads_path else None,
+        **{record_key(option): checkpoint(getattr(args, option_dest(option))) for option in DRAFTER_OPTIONS.values()},
         "sentences": setup.size,
         "split_sentences": setup.split_size,
         "fp16": args.fp16,
