@@ -37,7 +37,7 @@ from cmasd.verification.confidence import ConfidenceOptions, ConfidenceSpec, Sca
 from cmasd.verification.controllers import CONTROLLERS
 from cmasd.verification.history import GammaTuneOptions, IdleOptions, StopThresholdOptions
 from cmasd.verification.rejection import RejectionOptions
-from cmasd.verification.sampling import Sampling
+from cmasd.core.sampling import Sampling
 
 logger = logging.getLogger(__name__)
 

@@ -101,3 +101,19 @@ def test_a_bad_import_is_caught(tmp_path, monkeypatch, source, wanted):
     monkeypatch.setitem(MODULES, "cmasd.drafters.bad", bad)
     found = [v for v in violations() if "cmasd.drafters.bad" in v]
     assert len(found) == 1 and wanted in found[0]
+
+
+def test_the_ground_floor_stands_on_errors_alone():
+    """``cmasd.core`` (the contracts, their records, sampling and per-sentence randomness)
+    imports nothing of cmasd but itself and ``cmasd.errors``; ``cmasd.verification.sampling``
+    is its old address, re-exporting the same objects."""
+    import cmasd.core.sampling as core
+    import cmasd.verification.sampling as old
+
+    for module, path in MODULES.items():
+        if module == "cmasd.core" or module.startswith("cmasd.core."):
+            for line, target in imports(ast.parse(path.read_text(), str(path)), module):
+                if target.split(".")[0] == "cmasd" and target != "cmasd":
+                    assert target.startswith("cmasd.core") or target == "cmasd.errors", f"{module}:{line}: {target}"
+    assert old.RowRandom is core.RowRandom and old.Sampling is core.Sampling and old.draw is core.draw
+    assert place("cmasd.core.sampling")[0] < place("cmasd.verification.sampling")[0]

@@ -7,7 +7,10 @@
   (``AcceptanceRule``, ``Controller``) and their records (``Needs``, ``Proposal``,
   ``Verdict``, ``RowState``);
 * ``metrics``: how a drafter's own statistics (``Draft.metrics``) are reported
-  (``MetricReport``).
+  (``MetricReport``);
+* ``sampling``: fairseq's sampling transform (``Sampling``), draws from it (``draw``) and
+  per-sentence randomness (``RowRandom``), which the records carry
+  (``cmasd.verification.sampling`` re-exports them at their old address).
 
 Nothing here imports the loop, the drafters or the rules: they import this. The floors
 above it, and which may import which, are declared in ``FLOORS`` (``tests/test_layers.py``
@@ -22,8 +25,7 @@ holds the package to them).
 FLOORS = (
     ("cmasd.errors",),
     ("cmasd.compat", "cmasd.checkpoint"),
-    ("cmasd.verification.sampling",),  # per-sentence randomness and fairseq's sampling transform
-    ("cmasd.core",),
+    ("cmasd.core",),  # the contracts and their records; sampling and per-sentence randomness
     ("cmasd.layers",),  # the Transformer layer's arithmetic
     # the verifier's prepared decoder, its kernels and cache; the models fairseq-train trains
     (("cmasd.decoding.kernels", "cmasd.decoding.extension", "cmasd.decoding.attention", "cmasd.decoding.cache"),

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Protocol, T
 import torch
 from torch import Tensor
 
-from cmasd.verification.sampling import DRAFT, RowRandom, Sampling
+from cmasd.core.sampling import DRAFT, RowRandom, Sampling
 
 if TYPE_CHECKING:  # the verifier's scorer and cache: the floor above (cmasd.decoding.cache)
     from cmasd.decoding.cache import BlockScorer, VerifierCache

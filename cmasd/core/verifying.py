@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from cmasd.core.drafting import Draft
-from cmasd.verification.sampling import RowRandom
+from cmasd.core.sampling import RowRandom
 
 
 @dataclass(frozen=True)

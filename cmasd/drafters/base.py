@@ -25,7 +25,7 @@ from cmasd.core.drafting import (  # noqa: F401  (the contract, at its old addre
     chosen_probability,
     empty_draft,
 )
-from cmasd.verification.sampling import draw
+from cmasd.core.sampling import draw
 
 
 @dataclass

@@ -21,7 +21,7 @@ Combined, R_i = p_i(x_i) / (L q_i(x_i)) and the draft is accepted when R_i >= u_
 (primary) or R_i >= max(u_i - tolerance_i, 0) (pardon): lenience scales the ratio, EARS
 lowers the threshold. The correction distribution stays norm(max(0, p - q)) in every
 case, as both papers leave it. p is the verifier's distribution after fairseq's
-generation rules and its sampling options (``cmasd.verification.sampling``).
+generation rules and its sampling options (``cmasd.core.sampling``).
 """
 
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ from torch import Tensor
 
 from cmasd.errors import UsageError
 from cmasd.verification.base import AcceptanceRule, Needs, Proposal, Verdict, leading_accepted
-from cmasd.verification.sampling import ACCEPT, RESAMPLE, draw_weights
+from cmasd.core.sampling import ACCEPT, RESAMPLE, draw_weights
 
 EPSILON = 1e-10  # EARS's division guard on q(x)
 

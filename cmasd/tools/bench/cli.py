@@ -205,7 +205,7 @@ def sampling_options(args) -> Dict[str, Any]:
     """fairseq's generation options of ``--sampling`` (empty without it), checked."""
     if not args.sampling:
         return {}
-    from cmasd.verification.sampling import Sampling
+    from cmasd.core.sampling import Sampling
 
     try:
         Sampling(args.temperature, args.sampling_topk, args.sampling_topp)
