@@ -114,7 +114,8 @@ def test_bench_checkpoint_flags_are_the_registry_kinds():
 
     parser = build_parser()
     flags = {o for a in parser._actions for o in a.option_strings if o.endswith("-path") and o != "--path"}
-    assert flags == {kind.checkpoint_option for kind in DRAFTER_KINDS.values()}
+    assert flags == {kind.checkpoint_option for kind in DRAFTER_KINDS.values() if kind.checkpoint_option}
+    assert all(kind.checkpoint_option for kind in DRAFTER_KINDS.values() if not kind.model_optional)
     assert DRAFTER_OPTIONS == {"spec": "--drafter-path", "ar": "--ar-drafter-path", "exit": "--exit-heads-path",
                                "blockwise": "--blockwise-heads-path"}
     assert [record_key(o) for o in DRAFTER_OPTIONS.values()] == ["drafter", "ar_drafter", "exit_heads",

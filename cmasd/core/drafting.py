@@ -193,10 +193,12 @@ class ModelDrafter(Drafter):
     model_class: type  # the fairseq model class it drafts with; ``--drafter-kind auto`` matches on it
     options: Tuple[type, ...] = ()  # the dataclasses of the options ``from_model`` reads (``cmasd.options``)
     # cmasd-bench: the name its configurations draft with (``drafter=...``), the option that
-    # gives its checkpoint (``--...-path``) and that option's help
-    bench_role: str
-    checkpoint_option: str
-    checkpoint_help: str
+    # gives its checkpoint (``--...-path``) and that option's help; None: a kind the bench
+    # loads no checkpoint for (its configurations draft with ``drafter=none`` and name the
+    # kind in ``drafter_kind``)
+    bench_role: Optional[str] = None
+    checkpoint_option: Optional[str] = None
+    checkpoint_help: Optional[str] = None
     model_optional: bool = False  # True: ``--drafter-kind NAME`` drafts without ``--drafter-path`` too (model None)
     samples: bool = True  # False: proposes argmax tokens only; refused with --sampling when the generator is built
 

@@ -93,7 +93,8 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     parser.add_argument("data", metavar="DATA", help="fairseq data-bin directory (dict.*.txt, binarized splits)")
     parser.add_argument("--path", required=True, help="verifier checkpoint (fairseq translation model)")
     for kind in DRAFTER_KINDS.values():  # each drafter kind's checkpoint, as the kind declares it
-        parser.add_argument(kind.checkpoint_option, help=kind.checkpoint_help)
+        if kind.checkpoint_option:
+            parser.add_argument(kind.checkpoint_option, help=kind.checkpoint_help)
     parser.add_argument("--gen-subset", default=gen_subset, help=f"split to decode (default: {gen_subset})")
     parser.add_argument("--source-lang", help="default: the verifier checkpoint's")
     parser.add_argument("--target-lang", help="default: the verifier checkpoint's")

@@ -22,7 +22,8 @@ CTRANSLATE2 = "ctranslate2"
 # --drafter-path), an autoregressive draft model (ar, --ar-drafter-path), SpecBound's exit
 # heads (exit, --exit-heads-path), blockwise parallel decoding's heads (blockwise,
 # --blockwise-heads-path).
-DRAFTER_OPTIONS = {kind.bench_role: kind.checkpoint_option for kind in DRAFTER_KINDS.values()}
+# A kind without a checkpoint option has no role here.
+DRAFTER_OPTIONS = {kind.bench_role: kind.checkpoint_option for kind in DRAFTER_KINDS.values() if kind.checkpoint_option}
 NO_DRAFTER = "none"  # lookups alone, or nothing drafted (loop-greedy)
 
 
