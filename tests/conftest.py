@@ -1,77 +1,106 @@
-"""Shared fixtures: real Multi30k text, a tiny verifier and a tiny drafter, each made
-once per test session through the project's own scripts and fairseq's CLIs.
+"""Shared fixtures: real Multi30k text, a tiny verifier and tiny drafters, the probe set
+and fairseq's own greedy outputs for it, each made once per test run through the
+project's own scripts and fairseq's CLIs.
+
+Once per test run, not once per pytest-xdist worker: an artifact is built under a file
+lock in a folder the workers share (the parent of their base temporary folders, the
+pytest-xdist recipe), by whichever worker asks first; the other one waits for it and
+reads it.
 
 The data come from the offline mirror named by ``CMASD_DATA_MIRROR`` (default: the
 ``shared/data`` folder beside the repository); tests that need it are skipped, with
-the reason, when it is absent.
+the reason, when it is absent, and fail under ``CI=true``.
 """
 
 import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 import fairseq_plugins  # noqa: F401  (as --user-dir does: models built in tests get its fairseq 0.12.2 fixes)
+from helpers import (  # noqa: F401  (tests import these from conftest too)
+    BIN, EMPTY_AT, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, generate, hypotheses, mirror_dir, mirror_missing,
+    raw_pairs, run, tool_env, VERY_LONG)
 
 # Two pytest-xdist workers share the two cores: one torch thread each, as tool_env gives the
 # commands the tests start (two OpenMP threads per process made in-process speculative
 # sampling at batch 1 take 958 s in a full run, against 33 s alone on the machine).
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-PLUGINS = str(REPO / "fairseq_plugins")
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` a module's tests stay on one worker (its module-scoped
+    fixtures are made once) unless the module sets ``SPREAD = True``: its fixtures are
+    all shared (below), so its tests go to whichever worker is free."""
+    for item in items:
+        if not getattr(getattr(item, "module", None), "SPREAD", False) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-def mirror_dir():
-    path = os.environ.get("CMASD_DATA_MIRROR") or str(REPO.parent / "shared" / "data")
-    return Path(path)
+# ------------------------------------------------------------------ made once per test run
 
 
-def tool_env(**extra):
-    """The environment of the commands tests run: the venv's tools first, and one
-    torch/OpenMP thread (tiny models; two spinning threads per process on a shared
-    two-core machine made fairseq-generate about 40x slower)."""
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.update(extra)
-    return env
+class Artifacts:
+    """Folders made once per test run and shared by the xdist workers."""
+
+    def __init__(self, root):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def get(self, name, build):
+        """The folder ``name``, made by ``build(folder)`` unless a worker made it already
+        (a failed build is not retried: its message is raised again)."""
+        dest = self.root / name
+        done, failed = self.root / f"{name}.done", self.root / f"{name}.failed"
+        with FileLock(str(self.root / f"{name}.lock")):
+            if failed.exists():
+                raise AssertionError(f"making {name} failed (once for the test run):\n{failed.read_text()}")
+            if not done.exists():
+                if dest.exists():
+                    shutil.rmtree(dest)
+                dest.mkdir(parents=True)
+                try:
+                    build(dest)
+                except BaseException as error:
+                    failed.write_text(str(error)[-8000:])
+                    raise
+                done.touch()
+        return dest
 
 
-def run(cmd, **kwargs):
-    """Run a command, failing the test with its output when it fails."""
-    env = tool_env(**kwargs.pop("env", {}))
-    proc = subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=kwargs.pop("cwd", REPO), **kwargs
-    )
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n"
-            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
-        )
-    return proc
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory):
+    """Where the run's shared artifacts live: ``CMASD_TEST_ARTIFACTS`` when set (kept and
+    reused by later runs: for working on the tests, not for CI), else a folder of this run."""
+    if os.environ.get("CMASD_TEST_ARTIFACTS"):
+        return Artifacts(Path(os.environ["CMASD_TEST_ARTIFACTS"]))
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    return Artifacts(base / "shared-artifacts")
 
 
 @pytest.fixture(scope="session")
 def mirror():
     path = mirror_dir()
     if not (path / "multi30k" / "train.en.gz").is_file():
-        pytest.skip(f"no Multi30k mirror at {path} (set CMASD_DATA_MIRROR)")
+        mirror_missing(f"no Multi30k mirror at {path} (set CMASD_DATA_MIRROR)")
     return path
 
 
 @pytest.fixture(scope="session")
-def multi30k(mirror, tmp_path_factory):
+def multi30k(mirror, artifacts):
     """data-bin of the whole Multi30k EN-DE, made by prepare-multi30k.sh in mirror mode
     with a small sentencepiece vocabulary."""
-    dest = tmp_path_factory.mktemp("data-bin") / "multi30k"
-    run(
-        ["bash", REPO / "data-prep" / "prepare-multi30k.sh", "--dest", dest, "--vocab-size", "1000"],
-        env={"CMASD_DATA_MIRROR": str(mirror)},
-    )
-    return dest
+
+    def build(dest):
+        run(["bash", REPO / "data-prep" / "prepare-multi30k.sh", "--dest", dest / "multi30k", "--vocab-size", "1000"],
+            env={"CMASD_DATA_MIRROR": str(mirror)})
+
+    return artifacts.get("data-bin-multi30k", build) / "multi30k"
 
 
 TINY_TRANSFORMER = [
@@ -84,45 +113,113 @@ TINY_TRANSFORMER = [
 
 
 @pytest.fixture(scope="session")
-def verifier(multi30k, tmp_path_factory):
+def verifier(multi30k, artifacts):
     """A tiny 2+2-layer Transformer trained for a few hundred updates with fairseq-train."""
-    save = tmp_path_factory.mktemp("verifier")
-    run(
-        [BIN / "fairseq-train", multi30k, "--user-dir", PLUGINS, *TINY_TRANSFORMER,
-         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "3e-3",
-         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-         "--max-tokens", "4096", "--max-update", "300", "--seed", "1",
-         "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar",
-         "--cpu", "--num-workers", "0"]
-    )
-    return save / "checkpoint_last.pt"
+
+    def build(save):
+        run([BIN / "fairseq-train", multi30k, "--user-dir", PLUGINS, *TINY_TRANSFORMER,
+             "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "3e-3",
+             "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50",
+             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+             "--max-tokens", "4096", "--max-update", "300", "--seed", "1",
+             "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar",
+             "--cpu", "--num-workers", "0"])
+
+    return artifacts.get("verifier", build) / "checkpoint_last.pt"
 
 
 @pytest.fixture(scope="session")
-def drafter(multi30k, verifier, tmp_path_factory):
+def drafter(multi30k, verifier, artifacts):
     """A tiny Spec-Drafter trained to imitate ``verifier`` through fairseq-train."""
-    save = tmp_path_factory.mktemp("drafter")
-    run(
-        ["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, verifier,
-         "--arch", "spec_drafter_compact", "--max-update", "300", "--lr", "3e-3",
-         "--warmup-updates", "50", "--save-dir", save, "--no-epoch-checkpoints", "--seed", "1"]
-    )
-    return save / "checkpoint_last.pt"
+
+    def build(save):
+        run(["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, verifier,
+             "--arch", "spec_drafter_compact", "--max-update", "300", "--lr", "3e-3",
+             "--warmup-updates", "50", "--save-dir", save, "--no-epoch-checkpoints", "--seed", "1"])
+
+    return artifacts.get("drafter", build) / "checkpoint_last.pt"
 
 
 @pytest.fixture(scope="session")
-def ar_drafter(multi30k, verifier, tmp_path_factory):
+def ar_drafter(multi30k, verifier, artifacts):
     """A tiny autoregressive draft model (the verifier's frozen encoder, a 1-layer decoder)
     trained to imitate ``verifier`` through fairseq-train (data-prep/train-ar-drafter.sh)."""
-    save = tmp_path_factory.mktemp("ar-drafter")
-    run(
-        ["bash", REPO / "data-prep" / "train-ar-drafter.sh", multi30k, verifier,
-         "--max-update", "200", "--lr", "3e-3", "--warmup-updates", "50", "--save-dir", save,
-         "--no-epoch-checkpoints", "--seed", "1"]
-    )
-    return save / "checkpoint_last.pt"
 
+    def build(save):
+        run(["bash", REPO / "data-prep" / "train-ar-drafter.sh", multi30k, verifier,
+             "--max-update", "200", "--lr", "3e-3", "--warmup-updates", "50", "--save-dir", save,
+             "--no-epoch-checkpoints", "--seed", "1"])
+
+    return artifacts.get("ar-drafter", build) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def untrained_drafter(multi30k, verifier, artifacts):
+    """A drafter with random decoder layers and one update at a negligible learning
+    rate: its drafts are mostly wrong, which lossless decoding must not notice."""
+
+    def build(save):
+        run(["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, verifier,
+             "--decoder-init", "random", "--max-update", "1", "--lr", "1e-9", "--warmup-updates", "1",
+             "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--seed", "3"])
+
+    return artifacts.get("untrained-drafter", build) / "checkpoint_last.pt"
+
+
+# ------------------------------------------------------------------ the probe set and fairseq's greedy output
+
+
+@pytest.fixture(scope="session")
+def probe(multi30k, artifacts):
+    """The first PROBE_SENTENCES pairs of Multi30k's test_2016_flickr, with one empty
+    source line added at EMPTY_AT, encoded with the data-bin's sentencepiece model and
+    binarized with its dictionary."""
+
+    def build(dest):
+        pairs = raw_pairs(multi30k, PROBE_SENTENCES)
+        pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
+        binarize(multi30k, dest / "bin", pairs)
+
+    return artifacts.get("probe", build) / "bin"
+
+
+def reference(artifacts, name, probe, verifier, *options):
+    """fairseq-generate --beam 1 (fairseq's SequenceGenerator) at batch 16 on ``probe``,
+    run as the program, once per test run: its hypotheses."""
+
+    def build(dest):
+        (dest / "generate.txt").write_text(generate(probe, verifier, "--batch-size", "16", *options, cli=True).stdout)
+
+    return hypotheses((artifacts.get(name, build) / "generate.txt").read_text())
+
+
+@pytest.fixture(scope="session")
+def greedy(probe, verifier, artifacts):
+    """fairseq's own greedy output (SequenceGenerator, --beam 1), batch 16."""
+    return reference(artifacts, "greedy", probe, verifier)
+
+
+@pytest.fixture(scope="session")
+def greedy_no_repeat(probe, verifier, artifacts):
+    """fairseq's greedy output with ``--no-repeat-ngram-size 3`` (through cmasd's task,
+    whose fairseq generator blocks as documented: fairseq 0.12's own bans nothing on a
+    CPU, fairseq#5206)."""
+    return reference(artifacts, "greedy-no-repeat", probe, verifier, "--no-repeat-ngram-size", "3")
+
+
+@pytest.fixture(scope="session")
+def long_greedy(probe, verifier, artifacts):
+    """fairseq's greedy output with ``--min-len 100`` (LONG)."""
+    return reference(artifacts, "greedy-min-len-100", probe, verifier, *LONG)
+
+
+@pytest.fixture(scope="session")
+def very_long_greedy(probe, verifier, artifacts):
+    """fairseq's greedy output with ``--min-len 150`` (VERY_LONG)."""
+    return reference(artifacts, "greedy-min-len-150", probe, verifier, *VERY_LONG)
+
+
+# ------------------------------------------------------------------ SAMSum
 
 SAMSUM_OPTIONS = ["--vocab-size", "1000"]
 
@@ -133,15 +230,17 @@ def samsum_mirror():
     path = mirror_dir()
     for split in ("train", "validation", "test"):
         if not (path / "samsum" / f"{split}.jsonl.gz").is_file():
-            pytest.skip(f"no samsum/{split}.jsonl.gz in the mirror at {path} (set CMASD_DATA_MIRROR)")
+            mirror_missing(f"no samsum/{split}.jsonl.gz in the mirror at {path} (set CMASD_DATA_MIRROR)")
     return path
 
 
 @pytest.fixture(scope="session")
-def samsum(samsum_mirror, tmp_path_factory):
+def samsum(samsum_mirror, artifacts):
     """data-bin of SAMSum (14,731 / 818 / 819 dialogues) made by prepare-samsum.sh in mirror
     mode with a 1,000-piece vocabulary."""
-    dest = tmp_path_factory.mktemp("data-bin") / "samsum"
-    run(["bash", REPO / "data-prep" / "prepare-samsum.sh", "--dest", dest, *SAMSUM_OPTIONS],
-        env={"CMASD_DATA_MIRROR": str(samsum_mirror)})
-    return dest
+
+    def build(dest):
+        run(["bash", REPO / "data-prep" / "prepare-samsum.sh", "--dest", dest / "samsum", *SAMSUM_OPTIONS],
+            env={"CMASD_DATA_MIRROR": str(samsum_mirror)})
+
+    return artifacts.get("data-bin-samsum", build) / "samsum"

@@ -13,7 +13,7 @@ import sys
 import matplotlib.colors
 import pytest
 import torch
-from conftest import BIN, run
+from helpers import BIN, run
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front

@@ -6,28 +6,13 @@ import weakref
 
 import pytest
 import torch
+from helpers import tiny_transformer
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
 from cmasd.decoding import extension
 from cmasd.decoding.kernels import packing_available
 from cmasd.decoding.cache import BlockScorer, VerifierCache
-
-
-def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50):
-    dictionary = tiny_dictionary(vocab)
-    args = argparse.Namespace(
-        encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-        encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
-        encoder_attention_heads=4, decoder_attention_heads=4,
-        share_all_embeddings=True, encoder_normalize_before=normalize_before,
-        decoder_normalize_before=normalize_before, encoder_learned_pos=learned_pos,
-        decoder_learned_pos=learned_pos, max_source_positions=64, max_target_positions=64,
-    )
-    base_architecture(args)
-    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    torch.manual_seed(0)
-    return TransformerModel.build_model(args, task).eval(), dictionary
 
 
 def tiny_dictionary(vocab: int = 50):

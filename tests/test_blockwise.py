@@ -10,12 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from fairseq.data import Dictionary
-from conftest import REPO, run
 from fairseq import checkpoint_utils
-from test_drafter import tiny_drafter
-from test_exit_heads import another_verifier
-from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, last_line, probe  # noqa: F401
-from test_untrained import MAX_LEN, decodes_as_greedy
+from helpers import (MAX_LEN, REPO, another_verifier, assert_same_hypotheses, decodes_as_greedy, generate, hypotheses,
+                     last_line, run, tiny_drafter)
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
@@ -111,13 +108,13 @@ def test_trained_heads_beat_a_constant_on_held_out_sentences(multi30k, verifier,
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
-def test_trained_heads_decode_as_beam1(probe, verifier, heads, greedy, batch_size):  # noqa: F811
+def test_trained_heads_decode_as_beam1(probe, verifier, heads, greedy, batch_size):
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", heads,
                     "--spec-k", str(K - 1), "--spec-acceptance", "exact")
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
 
 
-def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
+def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):
     proc = generate(probe, another_verifier(verifier, tmp_path), "--batch-size", "16", "--drafter-path", heads, "--spec-k", str(K - 1), check=False)
     assert proc.returncode != 0
     assert "trained for another verifier" in last_line(proc)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import BIN, REPO, run
+from helpers import BIN, REPO, run
 
 TRAIN, VALID, TEST = 600, 60, 30
 

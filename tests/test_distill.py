@@ -4,7 +4,7 @@ training sources, sharded, binarized with the same dictionary, and skipped on a 
 import subprocess
 
 import pytest
-from conftest import BIN, PLUGINS, REPO, run, tool_env
+from helpers import BIN, PLUGINS, REPO, run, tool_env
 from fairseq.data import data_utils
 
 TRAIN_SENTENCES = 40

@@ -2,7 +2,6 @@
 cache == recompute, ragged batches, dictionary and verifier-path errors, and the
 training-data helpers (cut points, block labels, glancing, acceptance length)."""
 
-import argparse
 import copy
 import os
 import subprocess
@@ -11,95 +10,15 @@ import types
 
 import pytest
 import torch
-from conftest import REPO
-from fairseq.data import Dictionary, LanguagePairDataset
-from fairseq.models.transformer import TransformerModel, base_architecture
+from helpers import (BLOCK, REPO, WORDS, encoded_source, random_tokens, sequences, source_batch,  # noqa: F401
+                     tiny_dictionary, tiny_drafter, tiny_task, tiny_verifier_args)
+from fairseq.data import LanguagePairDataset
+from fairseq.models.transformer import TransformerModel
 
 from cmasd.training.criterion import accepted_lengths, block_labels, glance_tokens, glat_ratio, parse_glat_schedule
 from cmasd.drafters.spec_drafter import SpecDrafter
 from cmasd.models.spec_drafter import SpecDrafterConfig, SpecDrafterModel
-from cmasd.models.verifier import verifier_arch
 from cmasd.training.task import BlockCutDataset, fixed_cuts, random_cuts
-
-BLOCK = 4
-WORDS = 20
-
-
-def tiny_dictionary(words=WORDS, prefix="w"):
-    dictionary = Dictionary()
-    for i in range(words):
-        dictionary.add_symbol(f"{prefix}{i}")
-    return dictionary
-
-
-def tiny_verifier_args(learned_pos=False, normalize_before=False):
-    args = argparse.Namespace(
-        arch="transformer",
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_embed_dim=16,
-        decoder_embed_dim=16,
-        encoder_ffn_embed_dim=32,
-        decoder_ffn_embed_dim=32,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        share_all_embeddings=True,
-        encoder_learned_pos=learned_pos,
-        decoder_learned_pos=learned_pos,
-        encoder_normalize_before=normalize_before,
-        decoder_normalize_before=normalize_before,
-        max_source_positions=64,
-        max_target_positions=64,
-        dropout=0.0,
-    )
-    base_architecture(args)
-    return args
-
-
-def tiny_task(dictionary):
-    return types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-
-
-def tiny_drafter(learned_pos=False, normalize_before=False, seed=0):
-    """A tiny fairseq verifier and a drafter initialised from it, in eval mode."""
-    torch.manual_seed(seed)
-    dictionary = tiny_dictionary()
-    args = tiny_verifier_args(learned_pos, normalize_before)
-    verifier = TransformerModel.build_model(args, tiny_task(dictionary))
-    cfg = SpecDrafterConfig(block_size=BLOCK, dropout=0.0, decoder_init="random")
-    drafter = SpecDrafterModel.build(cfg, verifier_arch(args), dictionary, dictionary)
-    drafter.init_from_verifier(verifier)
-    return drafter.eval(), verifier.eval(), dictionary
-
-
-def random_tokens(dictionary, shape, generator):
-    """Word tokens (never pad/eos/unk/bos)."""
-    return torch.randint(dictionary.nspecial, len(dictionary), shape, generator=generator)
-
-
-def source_batch(dictionary, generator, bsz=3, length=7):
-    src = random_tokens(dictionary, (bsz, length), generator)
-    src_lengths = torch.tensor([length - i for i in range(bsz)])
-    for row, n in enumerate(src_lengths.tolist()):  # left padding, as fairseq
-        src[row, : length - n] = dictionary.pad()
-        src[row, -1] = dictionary.eos()
-    return src, src_lengths
-
-
-def encoded_source(verifier, dictionary, generator, bsz):
-    """A source batch and the verifier's encoder output for it."""
-    src, src_lengths = source_batch(dictionary, generator, bsz)
-    with torch.no_grad():
-        encoder_out = verifier.encoder(src, src_lengths=src_lengths)
-    return src, src_lengths, encoder_out
-
-
-def sequences(dictionary, generator, bsz, length):
-    """BOS (eos) followed by words: (B, length)."""
-    tokens = random_tokens(dictionary, (bsz, length), generator)
-    tokens[:, 0] = dictionary.eos()
-    return tokens
-
 
 FAST_PATH_COPIES = {f"{part}_{kind}" for part in ("in_proj", "out_proj", "fc1", "fc2") for kind in ("weight", "bias")}
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import BIN, PLUGINS, REPO, run
+from helpers import BIN, PLUGINS, REPO, run
 from fairseq import checkpoint_utils
 
 import fairseq_plugins  # noqa: F401  registers the task, model and criterion

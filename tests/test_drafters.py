@@ -16,8 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fairseq.models.transformer import TransformerModel
-from test_drafter import BLOCK, encoded_source, sequences, tiny_drafter, tiny_verifier_args
+from helpers import BLOCK, draft_model, encoded_source, sequences, tiny_drafter, tiny_verifier_args  # noqa: F401
 
 from cmasd.decoding.cache import BlockScorer
 from cmasd.drafters.registry import DRAFTER_KINDS
@@ -32,18 +31,6 @@ from cmasd.options import SpeculativeDecodingConfig, build_drafter
 from cmasd.verification.confidence import ConfidenceSpec
 
 HORIZON = 3
-
-
-def draft_model(verifier, dictionary, layers=1, share_encoder=True, seed=1):
-    """A tiny fairseq Transformer draft model; with ``share_encoder`` its encoder is the
-    verifier's (weights copied), as ar_drafter trains it."""
-    torch.manual_seed(seed)
-    args = tiny_verifier_args()
-    args.decoder_layers = layers
-    model = TransformerModel.build_model(args, SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary))
-    if share_encoder:
-        model.encoder.load_state_dict(verifier.encoder.state_dict())
-    return model.eval()
 
 
 def setups():

@@ -6,9 +6,8 @@ heads trained for another verifier are refused with one message."""
 
 import pytest
 import torch
-from conftest import REPO, run
 from fairseq import checkpoint_utils
-from test_generate import assert_same_hypotheses, generate, greedy, hypotheses, last_line, probe  # noqa: F401
+from helpers import REPO, another_verifier, assert_same_hypotheses, generate, hypotheses, last_line, run
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
 from cmasd.models.heads import verifier_fingerprint
@@ -53,7 +52,7 @@ def test_heads_train_without_changing_the_verifier_and_beat_a_constant(multi30k,
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
-def test_specbound_with_trained_heads_equals_beam1(probe, verifier, heads, greedy, batch_size):  # noqa: F811
+def test_specbound_with_trained_heads_equals_beam1(probe, verifier, heads, greedy, batch_size):
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-kind", "specbound",
                     "--drafter-path", heads, "--specbound-tau", "0.3", "--specbound-d-max", "1",
                     "--spec-k", "8", "--spec-acceptance", "exact")
@@ -61,24 +60,13 @@ def test_specbound_with_trained_heads_equals_beam1(probe, verifier, heads, greed
     assert "drafts exited at layer 1.00 of 2" in proc.stderr
 
 
-def test_specbound_without_heads_equals_beam1(probe, verifier, greedy):  # noqa: F811
+def test_specbound_without_heads_equals_beam1(probe, verifier, greedy):
     proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", "--specbound-tau", "0.3",
                     "--specbound-d-max", "1", "--spec-k", "8", "--spec-acceptance", "exact")
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
 
 
-def another_verifier(verifier, tmp_path):
-    """``verifier`` with one weight matrix changed by 1%: another verifier, same shapes."""
-    allow_fairseq_checkpoints()
-    state = torch.load(verifier, map_location="cpu", weights_only=False)
-    weight = next(name for name in state["model"] if name.endswith("fc1.weight"))
-    state["model"][weight] = state["model"][weight] * 1.01
-    other = tmp_path / "other.pt"
-    torch.save(state, other)
-    return other
-
-
-def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):  # noqa: F811
+def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):
     proc = generate(probe, another_verifier(verifier, tmp_path), "--batch-size", "16", "--drafter-kind", "specbound", "--drafter-path", heads,
                     check=False)
     assert proc.returncode != 0
@@ -89,7 +77,7 @@ def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path)
     (["--specbound-d-max", "2"], "--specbound-d-max: must lie in 1 .. 1 (the verifier has 2 decoder layers), got 2"),
     (["--sampling"], "--drafter-kind specbound: drafts the argmax only, it cannot propose draws for --sampling"),
 ])
-def test_specbound_bad_options_are_named(probe, verifier, options, message):  # noqa: F811
+def test_specbound_bad_options_are_named(probe, verifier, options, message):
     """Every bound's message: tests/test_specbound.py; here they reach fairseq-generate's user."""
     proc = generate(probe, verifier, "--batch-size", "16", "--drafter-kind", "specbound", *options, check=False)
     assert proc.returncode != 0

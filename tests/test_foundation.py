@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from conftest import BIN, PLUGINS, REPO, run
+from helpers import BIN, PLUGINS, REPO, run
 from fairseq.data.indexed_dataset import MMapIndexedDataset
 
 PREPARE = REPO / "data-prep" / "prepare-multi30k.sh"

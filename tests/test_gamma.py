@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_drafter import source_batch, tiny_drafter
+from helpers import source_batch, tiny_drafter
 
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.base import Draft

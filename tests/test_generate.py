@@ -8,6 +8,10 @@ draft-length controllers, and every other drafter kind alone and composed (the
 autoregressive draft model, history and source lookups). Then bad input: refused options,
 missing and mismatched drafters, empty and over-long source lines.
 
+Most runs go through fairseq-generate's own ``cli_main`` in the test's process
+(helpers.generate); the references (conftest.py), the trained drafter's runs, a few
+refusals and the over-long source start the program itself.
+
 The probe set is real Multi30k test text (the first sentences of test_2016_flickr, with
 one empty source line added), encoded with the data-bin's sentencepiece model and
 binarized with its dictionary.
@@ -18,96 +22,12 @@ import subprocess
 
 import pytest
 import torch
-from conftest import BIN, PLUGINS, REPO, run, tool_env
+from helpers import (BIN, EMPTY_AT, LONG, PROBE_SENTENCES, REPO, VERY_LONG, assert_same_hypotheses, binarize, generate, hypotheses,
+                     last_line, raw_pairs, run, tool_env)
 
-PROBE_SENTENCES = 96
-EMPTY_AT = 5  # index of the empty source line in the probe set
-
-
-def binarize(data, dest, pairs):
-    """Binarize (source, target) raw text pairs as the ``test`` split of ``dest`` with
-    the sentencepiece model and dictionary of data-bin ``data``."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
-    dest.mkdir(parents=True)
-    for side, lang in ((0, "en"), (1, "de")):
-        lines = [" ".join(sp.encode(pair[side].strip(), out_type=str)) for pair in pairs]
-        (dest / f"test.{lang}").write_text("".join(line + "\n" for line in lines))
-    run(
-        [BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de",
-         "--testpref", dest / "test", "--destdir", dest, "--srcdict", data / "dict.en.txt",
-         "--joined-dictionary", "--workers", "1"]
-    )
-    return dest
-
-
-def raw_pairs(data, count):
-    sources = (data / "raw" / "test.en").read_text().splitlines()[:count]
-    targets = (data / "raw" / "test.de").read_text().splitlines()[:count]
-    return list(zip(sources, targets))
-
-
-@pytest.fixture(scope="module")
-def probe(multi30k, tmp_path_factory):
-    pairs = raw_pairs(multi30k, PROBE_SENTENCES)
-    pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
-    return binarize(multi30k, tmp_path_factory.mktemp("probe") / "bin", pairs)
-
-
-@pytest.fixture(scope="module")
-def untrained_drafter(multi30k, verifier, tmp_path_factory):
-    """A drafter with random decoder layers and one update at a negligible learning
-    rate: its drafts are mostly wrong, which lossless decoding must not notice."""
-    save = tmp_path_factory.mktemp("untrained-drafter")
-    run(
-        ["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, verifier,
-         "--decoder-init", "random", "--max-update", "1", "--lr", "1e-9", "--warmup-updates", "1",
-         "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--seed", "3"]
-    )
-    return save / "checkpoint_last.pt"
-
-
-def generate(data, verifier, *options, check=True):
-    """fairseq-generate on the test split of ``data``; returns the completed process.
-
-    ``--required-batch-size-multiple 1``: with fairseq's default of 8, fairseq 0.12's
-    batching silently drops sentences whenever the batch size is not a multiple of 8 or
-    the split does not divide evenly (97 sentences at --batch-size 16 give 96
-    hypotheses), for its own generator as for ours."""
-    cmd = [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
-           "--path", verifier, "--gen-subset", "test", "--cpu", "--beam", "1",
-           "--required-batch-size-multiple", "1", *options]
-    if check:
-        return run(cmd)
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=REPO, env=tool_env())
-
-
-def hypotheses(stdout):
-    """{sentence id: (score, hypothesis tokens)} of fairseq-generate's H lines; fails
-    on an id printed twice."""
-    found = {}
-    for line in stdout.splitlines():
-        match = re.match(r"H-(\d+)\t(\S+)\t(.*)$", line)
-        if match:
-            index = int(match.group(1))
-            assert index not in found, f"sentence {index} has two hypotheses"
-            found[index] = (float(match.group(2)), match.group(3))
-    return found
-
-
-@pytest.fixture(scope="module")
-def greedy(probe, verifier):
-    """fairseq's own greedy output (SequenceGenerator, --beam 1), batch 16."""
-    return hypotheses(generate(probe, verifier, "--batch-size", "16").stdout)
-
-
-def assert_same_hypotheses(spec, greedy):
-    assert sorted(spec) == sorted(greedy) == list(range(PROBE_SENTENCES + 1))
-    different = [i for i in greedy if spec[i][1] != greedy[i][1]]
-    assert not different, f"{len(different)} hypotheses differ, e.g. {different[:5]}"
-    worst = max(abs(spec[i][0] - greedy[i][0]) for i in greedy)
-    assert worst < 1e-3, f"scores differ by up to {worst}"
+# Every fixture here is made once per test run (conftest.py): the tests go to whichever
+# pytest-xdist worker is free.
+SPREAD = True
 
 
 def test_greedy_reference_is_complete(greedy):
@@ -118,7 +38,7 @@ def test_greedy_reference_is_complete(greedy):
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
 def test_lossless_equals_beam1_with_trained_drafter(probe, verifier, drafter, greedy, batch_size):
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
-                    "--spec-controller", "fixed", "--spec-k", "10", "--spec-acceptance", "exact")
+                    "--spec-controller", "fixed", "--spec-k", "10", "--spec-acceptance", "exact", cli=True)
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
     # statistics are logged at the end of the run; fixed k and exact acceptance never
     # read the drafter's confidence, so it is not computed
@@ -147,7 +67,7 @@ def test_cheaper_drafter_options_stay_lossless(probe, verifier, drafter, greedy,
     """An int8 drafter running a shorter block drafts differently, never wrongly."""
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-k", "6", "--spec-draft-block", "6", "--spec-drafter-quantize", "int8",
-                    "--spec-acceptance", "exact")
+                    "--spec-acceptance", "exact", cli=True)
     assert_same_hypotheses(hypotheses(proc.stdout), greedy)
     assert "quantized tensor creation" not in proc.stderr  # the deprecation note is kept out of the log
 
@@ -184,14 +104,6 @@ def repeated_ngrams(hypothesis: str, size: int):
     tokens = ["</s>"] + hypothesis.split()
     grams = [tuple(tokens[i:i + size]) for i in range(len(tokens) - size + 1)]
     return {gram for gram in grams if grams.count(gram) > 1}
-
-
-@pytest.fixture(scope="module")
-def greedy_no_repeat(probe, verifier):
-    """fairseq's greedy output with ``--no-repeat-ngram-size 3`` (through cmasd's task,
-    whose fairseq generator blocks as documented: fairseq 0.12's own bans nothing on a
-    CPU, fairseq#5206)."""
-    return hypotheses(generate(probe, verifier, "--batch-size", "16", "--no-repeat-ngram-size", "3").stdout)
 
 
 def test_no_repeat_ngram_greedy_reference_blocks_repeats(greedy, greedy_no_repeat):
@@ -271,12 +183,11 @@ def test_history_controllers_are_lossless(probe, verifier, drafters, greedy, set
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_autoregressive_drafts_past_the_first_cache_stay_lossless(probe, verifier, ar_drafter, batch_size):
-    long = ("--min-len", "150")
-    reference = hypotheses(generate(probe, verifier, "--batch-size", "16", *long).stdout)
+def test_autoregressive_drafts_past_the_first_cache_stay_lossless(probe, verifier, ar_drafter, very_long_greedy,
+                                                                  batch_size):
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", ar_drafter,
-                    "--drafter-kind", "autoregressive", "--spec-k", "5", "--spec-history-ngram", "3", *long)
-    assert_same_hypotheses(hypotheses(proc.stdout), reference)
+                    "--drafter-kind", "autoregressive", "--spec-k", "5", "--spec-history-ngram", "3", *VERY_LONG)
+    assert_same_hypotheses(hypotheses(proc.stdout), very_long_greedy)
 
 
 def test_lenient_autoregressive_and_cmasd_decode_every_line(probe, verifier, ar_drafter):
@@ -349,16 +260,6 @@ def test_nothing_drafted_equals_beam1(probe, verifier, drafter, greedy, batch_si
     assert "mean k 0.00" in proc.stderr
 
 
-LONG = ("--min-len", "100")  # every hypothesis outgrows the first caches (about its source's length plus two blocks)
-
-
-@pytest.fixture(scope="module")
-def long_greedy(probe, verifier):
-    reference = hypotheses(generate(probe, verifier, "--batch-size", "16", *LONG).stdout)
-    assert min(len(tokens.split()) for _, tokens in reference.values()) >= 99
-    return reference
-
-
 @pytest.mark.parametrize("batch_size", [1, 16])
 def test_outputs_longer_than_the_first_cache_stay_lossless(probe, verifier, drafter, long_greedy, batch_size):
     """The caches start with room for about the source length plus two blocks and grow
@@ -366,16 +267,6 @@ def test_outputs_longer_than_the_first_cache_stay_lossless(probe, verifier, draf
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-k", "10", "--spec-acceptance", "exact", *LONG)
     assert_same_hypotheses(hypotheses(proc.stdout), long_greedy)
-
-
-def last_line(proc, prog="fairseq-generate"):
-    """The one-line error of a refused run: ``PROG: error: MESSAGE`` as the last line of
-    stderr, exit status non-zero, and no traceback (cmasd.errors)."""
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"{prog}: error: "), line
-    return line
 
 
 @pytest.mark.parametrize(
@@ -403,7 +294,20 @@ def last_line(proc, prog="fairseq-generate"):
     ],
 )
 def test_unsupported_options_are_refused(probe, verifier, drafter, options, message):
+    """In this process, through fairseq-generate's own parser and error path
+    (helpers.in_process); the program itself prints the same line (the next test)."""
     proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter, *options, check=False)
+    assert proc.returncode != 0
+    assert message in last_line(proc)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--beam", "5"], "--beam 5"),
+    (["--spec-k", "26"], "--spec-k: must be in [0, 25]"),
+    (["--spec-controller", "gammatune", "--gammatune-eta", "0"], "--gammatune-eta: must be in (0, 1]"),
+])
+def test_the_program_refuses_options_in_one_line(probe, verifier, drafter, options, message):
+    proc = generate(probe, verifier, "--batch-size", "16", "--drafter-path", drafter, *options, check=False, cli=True)
     assert proc.returncode != 0
     assert message in last_line(proc)
 
@@ -415,7 +319,7 @@ def test_a_drafter_kind_without_a_drafter_is_refused(probe, verifier):
 
 
 def test_missing_drafter_checkpoint(probe, verifier, tmp_path):
-    proc = generate(probe, verifier, "--drafter-path", tmp_path / "none.pt", check=False)
+    proc = generate(probe, verifier, "--drafter-path", tmp_path / "none.pt", check=False, cli=True)
     assert proc.returncode != 0
     assert "--drafter-path" in last_line(proc) and "none.pt" in last_line(proc)
 
@@ -466,17 +370,21 @@ def test_autoregressive_drafter_of_another_dictionary_is_refused(probe, verifier
                      r"\(\d+ symbols\)", last_line(proc))
 
 
-@pytest.fixture(scope="module")
-def with_long_source(multi30k, tmp_path_factory):
+@pytest.fixture(scope="session")
+def with_long_source(multi30k, artifacts):
     """Four real pairs and, at index 2, a source of about 1,300 tokens: longer than the
     verifier's 1,024 source positions."""
-    pairs = raw_pairs(multi30k, 4)
-    pairs.insert(2, (" ".join([pairs[0][0]] * 100), pairs[0][1]))
-    return binarize(multi30k, tmp_path_factory.mktemp("long") / "bin", pairs)
+
+    def build(dest):
+        pairs = raw_pairs(multi30k, 4)
+        pairs.insert(2, (" ".join([pairs[0][0]] * 100), pairs[0][1]))
+        binarize(multi30k, dest / "bin", pairs)
+
+    return artifacts.get("with-long-source", build) / "bin"
 
 
 def test_over_long_source_raises_as_fairseq_does(with_long_source, verifier, drafter):
-    proc = generate(with_long_source, verifier, "--drafter-path", drafter, check=False)
+    proc = generate(with_long_source, verifier, "--drafter-path", drafter, check=False, cli=True)
     assert proc.returncode != 0
     assert "--skip-invalid-size-inputs-valid-test" in proc.stderr
 

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import BIN, PLUGINS, REPO, run, tool_env
-from test_generate import (  # noqa: F401
-    EMPTY_AT, PROBE_SENTENCES, generate, greedy, hypotheses, last_line, probe, raw_pairs)
+from helpers import BIN, EMPTY_AT, PLUGINS, PROBE_SENTENCES, REPO, generate, hypotheses, last_line, raw_pairs, run, tool_env
 
 
 def detokenized(pieces: str) -> str:

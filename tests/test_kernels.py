@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from cmasd.decoding.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
 from cmasd.decoding import extension
 from cmasd.decoding.kernels import GEMV_MAX_ROWS, packing_available, prepared_linear, resolve_kernels
-from test_block_scoring import tiny_transformer
+from helpers import tiny_transformer
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
 GEMV_OBSTACLE = extension.load()[1] or (None if packing_available() else "no oneDNN packed linear")

@@ -5,7 +5,7 @@ get exactly the outputs they declare, and decode returns each call's statistics.
 from dataclasses import dataclass
 
 import torch
-from test_drafter import source_batch, tiny_drafter
+from helpers import source_batch, tiny_drafter
 
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.ngram import HistoryNgram

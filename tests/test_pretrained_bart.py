@@ -22,8 +22,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import BIN, PLUGINS, REPO, run, tool_env
-from test_generate import hypotheses
+from helpers import BIN, PLUGINS, REPO, hypotheses, run, tool_env
 
 SENTENCES = 48
 MERGES = 200

@@ -9,7 +9,7 @@ from argparse import Namespace
 
 import pytest
 import sacrebleu
-from conftest import REPO, tool_env
+from helpers import REPO, tool_env
 
 from cmasd.tools.bench.configs import BenchError
 from cmasd.tools.bench.report import columns, markdown_table

@@ -9,12 +9,12 @@ position's p changes with what was accepted before it, as in decoding. Index 0 p
 pad: never drawn by either side.
 """
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import pytest
 import torch
+from helpers import chi_square, threshold
 
 from cmasd.drafters.base import DraftRequest, choose
 from cmasd.verification import rejection
@@ -25,28 +25,6 @@ from cmasd.verification.sampling import ACCEPT, DRAFT, RESAMPLE, RowRandom, Samp
 PAD = 0
 VOCAB = 6
 ROWS = 40_000
-
-
-def chi_square(observed: torch.Tensor, expected_probs: torch.Tensor):
-    """The chi-square statistic of counts ``observed`` (n,) against probabilities
-    ``expected_probs`` (n,), bins with expected count < 5 merged into one; and its
-    degrees of freedom."""
-    total = float(observed.sum())
-    expected = expected_probs.double() * total
-    small = expected < 5
-    obs = observed.double()
-    if small.any():
-        obs = torch.cat([obs[~small], obs[small].sum()[None]])
-        expected = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = expected > 0
-    assert float(obs[~keep].sum()) == 0, "a token of probability 0 was emitted"
-    stat = float(((obs[keep] - expected[keep]) ** 2 / expected[keep]).sum())
-    return stat, int(keep.sum()) - 1
-
-
-def threshold(df: int) -> float:
-    """The rejection threshold of the fit: df + 10 sqrt(2 df), about 10 standard deviations."""
-    return df + 10 * math.sqrt(2 * df)
 
 
 @dataclass

@@ -14,9 +14,7 @@ import math
 
 import pytest
 import torch
-from conftest import run  # noqa: F401  (fixtures' helpers)
-from test_generate import PROBE_SENTENCES, generate, hypotheses, last_line, probe  # noqa: F401
-from test_sampling import chi_square, threshold
+from helpers import PROBE_SENTENCES, chi_square, generate, hypotheses, last_line, threshold
 
 COPIES = 2000
 MAX_LEN_B = 6  # enough for the two tokens measured; keeps the runs short

@@ -6,8 +6,9 @@ behave as seed 002 defines them; options out of range are refused with one messa
 
 import pytest
 import torch
-from test_drafter import encoded_source, sequences, tiny_drafter
-from test_untrained import KERNELS, MAX_LEN, decodes_as_greedy
+from helpers import MAX_LEN, decodes_as_greedy, encoded_source, kernel_params, sequences, tiny_drafter
+
+KERNELS = kernel_params()
 
 from cmasd.decoding.cache import BlockScorer, Resume
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator

@@ -8,8 +8,7 @@ import json
 import sys
 
 import torch
-from conftest import BIN, PLUGINS, REPO, run
-from test_generate import hypotheses
+from helpers import BIN, PLUGINS, REPO, hypotheses, run
 
 TEST_DIALOGUES = 819
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",

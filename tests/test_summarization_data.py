@@ -22,7 +22,8 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, SAMSUM_OPTIONS, mirror_dir, run, tool_env
+from conftest import SAMSUM_OPTIONS
+from helpers import BIN, REPO, mirror_dir, mirror_missing, run, tool_env
 
 from cmasd.tools.prep import main as prep_main
 from cmasd.tools.prep import WORD_START, normalize_line, split_sentences
@@ -43,7 +44,7 @@ def mirror_with(*relpaths):
     path = mirror_dir()
     for rel in relpaths:
         if not (path / rel).is_file():
-            pytest.skip(f"no {rel} in the mirror at {path} (set CMASD_DATA_MIRROR)")
+            mirror_missing(f"no {rel} in the mirror at {path} (set CMASD_DATA_MIRROR)")
     return path
 
 
@@ -373,7 +374,7 @@ def test_recipes_refuse_bad_input(case, tmp_path):
     args = [str(arg).format(tmp=tmp_path) for arg in args]
     env = {key: value.format(tmp=tmp_path) for key, value in env.items()}
     if case == "dialogsum-missing-in-mirror" and not (mirror_dir() / "samsum" / "train.jsonl.gz").is_file():
-        pytest.skip(f"no SAMSum mirror at {mirror_dir()}")
+        mirror_missing(f"no SAMSum mirror at {mirror_dir()}")
     proc = refused(args, env)
     assert f"[cmasd prep] error: {message.format(tmp=tmp_path)}" in proc.stderr
     assert proc.stderr.count("error:") == 1

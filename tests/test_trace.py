@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PLUGINS, REPO, tool_env
+from helpers import PLUGINS, REPO, tool_env
 
 from cmasd.decoding.generator import SpeculativeGenerator
 from cmasd.tools import trace as tr

@@ -5,36 +5,16 @@ at batch sizes 1, 7 and 16."""
 
 import pytest
 import torch
-from fairseq.sequence_generator import SequenceGenerator
-from test_drafter import source_batch, tiny_drafter
-from test_drafters import draft_model
+from helpers import MAX_LEN, decodes_as_greedy, draft_model, kernel_params, ragged_source, tiny_drafter  # noqa: F401
 
-from cmasd.decoding import extension
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
-from cmasd.decoding.kernels import packing_available
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.spec_drafter import SpecDrafter
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
 
-MAX_LEN = 24
-KERNELS = [
-    "native",
-    pytest.param("packed", marks=pytest.mark.skipif(not packing_available(), reason="no oneDNN packed linear")),
-    pytest.param("gemv", marks=pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
-                                                  reason=f"gemv unavailable: {extension.load()[1]}")),
-]
-
-
-def ragged_source(dictionary, gen, bsz, longest=6):
-    """Sources of 2 .. ``longest`` tokens, eos last, left-padded as fairseq pads them."""
-    src, _ = source_batch(dictionary, gen, 1, longest)
-    src = src.repeat(bsz, 1)
-    lengths = torch.tensor([2 + row % (longest - 1) for row in range(bsz)])
-    for row, n in enumerate(lengths.tolist()):
-        src[row, : longest - n] = dictionary.pad()
-    return src, lengths
+KERNELS = kernel_params()
 
 
 def models():
@@ -44,23 +24,6 @@ def models():
     with torch.no_grad():
         verifier.decoder.output_projection.weight[dictionary.eos()] *= 4.0
     return spec_model, draft_model(verifier, dictionary, seed=8), verifier, dictionary
-
-
-def decodes_as_greedy(decoder, verifier, dictionary, batch_sizes=(1, 7, 16)):
-    """Decode ragged batches of ``batch_sizes`` sentences with ``decoder`` and assert each
-    hypothesis equals fairseq's greedy SequenceGenerator's; yields, per batch, its size,
-    sources, hypotheses and statistics."""
-    reference = SequenceGenerator([verifier], dictionary, beam_size=1, max_len_b=MAX_LEN)
-    gen = torch.Generator().manual_seed(3)
-    for bsz in batch_sizes:
-        src, src_lengths = ragged_source(dictionary, gen, bsz)
-        sample = {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
-        with torch.no_grad():
-            expected = reference.generate([verifier], sample)
-            got, stats = decoder.decode(sample)
-        for row in range(bsz):
-            assert torch.equal(got[row][0]["tokens"], expected[row][0]["tokens"]), (bsz, row)
-        yield bsz, src, got, stats
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
