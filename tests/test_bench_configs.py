@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from cmasd.drafters.registry import DRAFTER_KINDS
-from cmasd.tools.bench.configs import CONFIGS, options_dict, spec_options
+from cmasd.tools.bench.configs import CONFIGS, BenchError, options_dict, resolve_configs, spec_options
 
 # row -> (the row it ablates, the settings it changes)
 ABLATIONS = {
@@ -61,3 +61,8 @@ def test_act_reaches_the_drafter():
     assert act.temperatures == pytest.approx([1.0 + (1.0 - layer / VERIFIER_LAYERS)
                                               for layer in range(1, VERIFIER_LAYERS + 1)])
     assert (plain.tau, plain.d_max, plain.max_horizon) == (act.tau, act.d_max, act.max_horizon)
+
+
+def test_a_retired_configuration_is_refused_with_its_reason():
+    with pytest.raises(BenchError, match="'specbound-no-act' was removed: .*specbound-act is the ACT ablation"):
+        resolve_configs("greedy,specbound-no-act")

@@ -352,6 +352,13 @@ def parse_adhoc_config(item: str) -> BenchConfig:
     return BenchConfig(name, f"ad-hoc: {body.strip()}", overrides=overrides, drafter=drafter)
 
 
+# configurations no longer measured, and why (--configs names them in its error)
+RETIRED = {
+    "specbound-no-act": "it decoded exactly as specbound, whose tuned alpha is already 0 (no ACT); "
+                        "specbound-act is the ACT ablation (alpha 1)",
+}
+
+
 def resolve_configs(text: str) -> List[BenchConfig]:
     """The configurations of ``--configs``, greedy always included (it is the reference
     of the relative columns and of the floor)."""
@@ -361,6 +368,8 @@ def resolve_configs(text: str) -> List[BenchConfig]:
             chosen.append(parse_adhoc_config(item))
         elif item in CONFIGS:
             chosen.append(CONFIGS[item])
+        elif item in RETIRED:
+            raise BenchError(f"configuration {item!r} was removed: {RETIRED[item]}")
         else:
             raise BenchError(f"unknown configuration {item!r}; known: {', '.join(CONFIGS)} (or NAME:KEY=VALUE;...)")
     names = [c.name for c in chosen]
