@@ -22,7 +22,7 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
 demo:
 	@bash data-prep/demo.sh --plan

@@ -5,7 +5,8 @@ project's own scripts and fairseq's CLIs.
 Once per test run, not once per pytest-xdist worker: an artifact is built under a file
 lock in a folder the workers share (the parent of their base temporary folders, the
 pytest-xdist recipe), by whichever worker asks first; the other one waits for it and
-reads it.
+reads it. Under ``--dist loadgroup`` (``make test``) the modules go to the workers whole,
+but for test_generate.py's tests, which go one by one (``pytest_xdist_make_scheduler``).
 
 The data come from the offline mirror named by ``CMASD_DATA_MIRROR`` (default: the
 ``shared/data`` folder beside the repository); tests that need it are skipped, with
@@ -31,13 +32,41 @@ from helpers import (  # noqa: F401  (tests import these from conftest too)
 torch.set_num_threads(1)
 
 
+# How pytest-xdist hands out the work under ``--dist loadgroup``: a module's tests stay on
+# one worker (its module-scoped fixtures are made once), but for the SPREAD modules, whose
+# fixtures are all made once per run (below): their tests go one by one to whichever
+# worker is free. (pytest-xdist's own loadgroup needs an ``xdist_group`` mark per test and
+# loses it under pytest 9, whose node ids it can no longer suffix.)
+SPREAD = ["test_generate.py"]
+# The order of the work: the longest chain first (data, verifier, drafters, then the
+# bench's runs), then the SAMSum and CNN/DM data, which need no verifier, and the rest in
+# collection order; the spread tests last, to even out the end.
+FIRST = ["test_bench.py", "test_summarization_data.py", "test_summarization.py", "test_pretrained_bart.py"]
+
+
+def module_file(nodeid):
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndSpreadTests(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return nodeid if module_file(nodeid) in SPREAD else nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # collection order (below), not the biggest module first
+    return ModulesAndSpreadTests(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` a module's tests stay on one worker (its module-scoped
-    fixtures are made once) unless the module sets ``SPREAD = True``: its fixtures are
-    all shared (below), so its tests go to whichever worker is free."""
-    for item in items:
-        if not getattr(getattr(item, "module", None), "SPREAD", False) and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    def rank(item):
+        name = module_file(item.nodeid)
+        return (name in SPREAD, FIRST.index(name) if name in FIRST else len(FIRST))
+
+    items.sort(key=rank)  # stable: the collection order within each rank
 
 
 # ------------------------------------------------------------------ made once per test run

@@ -357,6 +357,42 @@ def tiny_transformer(normalize_before: bool, learned_pos: bool, vocab: int = 50)
     return TransformerModel.build_model(args, tiny_task(dictionary)).eval(), dictionary
 
 
+TINY_DIMS = dict(
+    encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
+    encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
+    max_source_positions=64, max_target_positions=64,
+)
+
+
+def tiny_bart(pre_norm: bool = False):
+    """fairseq's BART architecture (``bart_base``: learned positions with fairseq's offset,
+    ``layernorm_embedding``, GELU, unscaled embeddings, tied embeddings, post-norm) at a
+    tiny size; ``pre_norm`` as mBART's layers are."""
+    from fairseq.models.bart import BARTModel
+    from fairseq.models.bart.model import bart_base_architecture
+
+    dictionary = tiny_dictionary(50)
+    args = argparse.Namespace(**TINY_DIMS, encoder_normalize_before=pre_norm, decoder_normalize_before=pre_norm)
+    bart_base_architecture(args)
+    task = tiny_task(dictionary)
+    torch.manual_seed(0)
+    return BARTModel.build_model(args, task).eval(), dictionary
+
+
+def random_heads(verifier, seed=4, k=5):
+    """Blockwise heads (k - 1 of them) for ``verifier`` with large random weights: drafts
+    that are often wrong."""
+    from cmasd.models.blockwise_heads import BlockwiseHeadsConfig, BlockwiseHeadsModel
+
+    torch.manual_seed(seed)
+    cfg = BlockwiseHeadsConfig(blockwise_k=k, blockwise_ffn_dim=32)
+    model = BlockwiseHeadsModel(cfg, BlockwiseHeadsModel.shape(verifier), verifier)
+    with torch.no_grad():
+        for layer in model.down:
+            layer.weight.normal_(0.0, 3.0)
+    return model.eval()
+
+
 # ------------------------------------------------------------------ lossless in process
 
 MAX_LEN = 24

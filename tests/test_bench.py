@@ -13,7 +13,7 @@ import sys
 import matplotlib.colors
 import pytest
 import torch
-from helpers import BIN, run
+from helpers import BIN, run, source_batch, tiny_bart, tiny_transformer
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front
@@ -520,7 +520,6 @@ def plain_task_setup(model, dictionary):
 def test_fairseq_rows_get_the_n_gram_rule_that_blocks_whatever_the_task():
     """A checkpoint of fairseq's own translation task builds fairseq 0.12's blocker, which bans
     nothing on a CPU: the bench's beam and greedy rows get the one that blocks."""
-    from test_block_scoring import tiny_transformer
 
     from cmasd.compat import blocks_repeats
     from cmasd.tools.bench.loading import build_generator
@@ -536,8 +535,6 @@ def test_fairseq_rows_decode_with_their_own_beam_size():
     nothing undoes it: built beside a beam-4 row, as the bench builds its rows, greedy decoded
     with beam 4's attention (a batch of 3 failed; a batch of 16 mixed sentences' encoder keys).
     The bench gives each fairseq row its own."""
-    from test_block_scoring import tiny_bart
-    from test_drafter import source_batch
 
     from cmasd.tools.bench.loading import build_generator
     from cmasd.tools.bench.measure import decode_split

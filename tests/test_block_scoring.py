@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 import torch
-from helpers import tiny_transformer
+from helpers import TINY_DIMS, tiny_bart, tiny_transformer
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
@@ -20,28 +20,6 @@ def tiny_dictionary(vocab: int = 50):
     for i in range(vocab):
         dictionary.add_symbol(f"w{i}")
     return dictionary
-
-
-TINY_DIMS = dict(
-    encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-    encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
-    max_source_positions=64, max_target_positions=64,
-)
-
-
-def tiny_bart(pre_norm: bool = False):
-    """fairseq's BART architecture (``bart_base``: learned positions with fairseq's offset,
-    ``layernorm_embedding``, GELU, unscaled embeddings, tied embeddings, post-norm) at a
-    tiny size; ``pre_norm`` as mBART's layers are."""
-    from fairseq.models.bart import BARTModel
-    from fairseq.models.bart.model import bart_base_architecture
-
-    dictionary = tiny_dictionary()
-    args = argparse.Namespace(**TINY_DIMS, encoder_normalize_before=pre_norm, decoder_normalize_before=pre_norm)
-    bart_base_architecture(args)
-    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    torch.manual_seed(0)
-    return BARTModel.build_model(args, task).eval(), dictionary
 
 
 def tiny_untied():

@@ -12,29 +12,18 @@ import torch
 from fairseq.data import Dictionary
 from fairseq import checkpoint_utils
 from helpers import (MAX_LEN, REPO, another_verifier, assert_same_hypotheses, decodes_as_greedy, generate, hypotheses,
-                     last_line, run, tiny_drafter)
+                     last_line, random_heads, run, tiny_drafter)
 
 from cmasd.checkpoint import allow_fairseq_checkpoints
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.decoding.stats import DecodeStats
 from cmasd.drafters.blockwise import BlockwiseDrafter
-from cmasd.models.blockwise_heads import BlockwiseHeadsConfig, BlockwiseHeadsModel
 from cmasd.training.blockwise_heads_loss import BlockwiseHeadsLoss
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
 
 K = 5
-
-
-def random_heads(verifier, seed=4):
-    torch.manual_seed(seed)
-    cfg = BlockwiseHeadsConfig(blockwise_k=K, blockwise_ffn_dim=32)
-    model = BlockwiseHeadsModel(cfg, BlockwiseHeadsModel.shape(verifier), verifier)
-    with torch.no_grad():
-        for layer in model.down:
-            layer.weight.normal_(0.0, 3.0)
-    return model.eval()
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])

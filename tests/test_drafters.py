@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import BLOCK, draft_model, encoded_source, sequences, tiny_drafter, tiny_verifier_args  # noqa: F401
+from helpers import (BLOCK, draft_model, encoded_source, random_heads, sequences, tiny_dictionary,  # noqa: F401
+                     tiny_drafter, tiny_verifier_args)
 
 from cmasd.decoding.cache import BlockScorer
 from cmasd.drafters.registry import DRAFTER_KINDS
@@ -40,7 +41,6 @@ def setups():
     spec = SpecDrafter(spec_model, "native")
     ar = AutoregressiveDrafter(ar_model, "native", shares_encoder=True)
     pad, eos, bos = dictionary.pad(), dictionary.eos(), dictionary.bos()
-    from test_blockwise import random_heads
 
     return {
         "spec": spec,
@@ -384,7 +384,6 @@ def test_build_composes_history_then_source_then_the_model():
 
 def test_source_lookups_need_a_joined_dictionary():
     spec_model, verifier, dictionary = tiny_drafter()
-    from test_drafter import tiny_dictionary
 
     task = SimpleNamespace(source_dictionary=tiny_dictionary(prefix="x"), target_dictionary=dictionary)
     with pytest.raises(ValueError, match="--spec-source-ngram: the source and target dictionaries differ"):

@@ -25,11 +25,6 @@ import torch
 from helpers import (BIN, EMPTY_AT, LONG, PROBE_SENTENCES, REPO, VERY_LONG, assert_same_hypotheses, binarize, generate, hypotheses,
                      last_line, raw_pairs, run, tool_env)
 
-# Every fixture here is made once per test run (conftest.py): the tests go to whichever
-# pytest-xdist worker is free.
-SPREAD = True
-
-
 def test_greedy_reference_is_complete(greedy):
     assert sorted(greedy) == list(range(PROBE_SENTENCES + 1))
     assert sum(1 for _, tokens in greedy.values() if tokens.strip()) > PROBE_SENTENCES // 2

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from helpers import PROBE_SENTENCES, chi_square, generate, hypotheses, last_line, threshold
+from helpers import PROBE_SENTENCES, assert_same_hypotheses, chi_square, generate, hypotheses, last_line, threshold
 
 COPIES = 2000
 MAX_LEN_B = 6  # enough for the two tokens measured; keeps the runs short
@@ -194,13 +194,11 @@ def test_a_sentence_gets_the_same_sample_at_batch_1_and_16(probe, verifier, draf
     assert sum(other_seed[i] != one[i] for i in one) > PROBE_SENTENCES // 2
 
 
-def test_greedy_with_a_temperature_equals_beam1_with_it(probe, verifier, drafter):
+def test_greedy_with_a_temperature_equals_beam1_with_it(probe, verifier, drafter, greedy):
     """--temperature without --sampling: fairseq divides the logits by it (the scores
     change, the argmax does not); so does the verifier here, and exact stays lossless."""
-    from test_generate import assert_same_hypotheses
-
     reference = hypotheses(generate(probe, verifier, "--batch-size", "16", "--temperature", "0.7").stdout)
-    plain = hypotheses(generate(probe, verifier, "--batch-size", "16").stdout)
+    plain = greedy  # fairseq-generate --beam 1 --batch-size 16 without a temperature
     assert any(abs(reference[i][0] - plain[i][0]) > 1e-2 for i in plain)  # the temperature shows in the scores
     proc = generate(probe, verifier, "--batch-size", "16", "--temperature", "0.7", "--drafter-path", drafter,
                     "--spec-k", "4")
