@@ -24,10 +24,10 @@ setup(
         "sacrebleu>=2.0,<3",
         "rouge-score>=0.1.2",
         "matplotlib>=3.5",
-        # builds the gemv kernel (cmasd/decoding/csrc) on first use with the system's C++ compiler
+        # builds the gemv kernel (cmasd/layers/csrc) on first use with the system's C++ compiler
         "ninja",
     ],
-    package_data={"cmasd.decoding": ["csrc/*.cpp"]},
+    package_data={"cmasd.layers": ["csrc/*.cpp"]},
     extras_require={
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6"],
         # cmasd-bench's ct2-greedy rows: the engine fairseq users deploy on CPUs.

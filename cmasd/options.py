@@ -22,7 +22,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
-from cmasd.decoding.kernels import KERNEL_CHOICES, resolve_kernels
+from cmasd.layers.kernels import KERNEL_CHOICES, resolve_kernels
 from cmasd.decoding.sentences import PER_SENTENCE_CHOICES, per_sentence
 from cmasd.drafters.base import Drafter, ModelDrafterOptions, Nothing
 from cmasd.drafters.compose import Fallback

@@ -402,8 +402,8 @@ def kernel_params():
     """The kernels to decode on, as pytest parameters (skipped where unavailable)."""
     import pytest
 
-    from cmasd.decoding import extension
-    from cmasd.decoding.kernels import packing_available
+    from cmasd.layers import extension
+    from cmasd.layers.kernels import packing_available
 
     return [
         "native",

@@ -10,9 +10,9 @@ from helpers import TINY_DIMS, tiny_bart, tiny_transformer
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerModel, base_architecture
 
-from cmasd.decoding import extension
-from cmasd.decoding.kernels import packing_available
-from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.layers import extension
+from cmasd.layers.kernels import packing_available
+from cmasd.layers.cache import BlockScorer, VerifierCache
 
 
 def tiny_dictionary(vocab: int = 50):
@@ -214,7 +214,7 @@ def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, b
     """gemv kernels at a block of at most GEMV_MAX_ROWS rows: the decoder's layers in one
     C++ call (FusedDecoder), against fairseq's incremental decoding and against the same
     layers run one by one from Python; ragged rows, rows without padding too."""
-    from cmasd.decoding.kernels import GEMV_MAX_ROWS
+    from cmasd.layers.kernels import GEMV_MAX_ROWS
 
     model, dictionary = tiny_transformer(normalize_before, learned_pos=True)
     pad = dictionary.pad()
@@ -271,7 +271,7 @@ def test_prepared_encoder_of_other_variants_encodes_as_fairseq(variant, kernels)
 def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
     """The encoder on prepared layers (DecodingEncoder) returns fairseq's encoder output
     to float tolerance, padded and unpadded batches alike."""
-    from cmasd.decoding.attention import DecodingEncoder, encoder_of
+    from cmasd.layers.prepared import DecodingEncoder, encoder_of
 
     pad = dictionary.pad()
     torch.manual_seed(6)
@@ -299,7 +299,7 @@ def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
 def test_a_long_source_encodes_and_decodes_as_fairseq(variant):
     """A source long enough for the fused attention kernel (FUSED_ATTENTION_MIN_PAIRS) in
     the encoder, left-padded rows too; the cross keys of every later block come from it."""
-    from cmasd.decoding.attention import FUSED_ATTENTION_MIN_PAIRS, encoder_of
+    from cmasd.layers.prepared import FUSED_ATTENTION_MIN_PAIRS, encoder_of
 
     model, dictionary = tiny_transformer(False, False) if variant == "post-norm" else VARIANTS[variant]()
     pad, length = dictionary.pad(), 300

@@ -190,8 +190,8 @@ def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
 def test_drafting_on_other_kernels_drafts_as_native(kernels):
     """Packed and gemv float32 kernels give the native logits to float tolerance; int8
     weights give logits close to them. The model keeps its own float32 nn.Linear layers."""
-    from cmasd.decoding import extension
-    from cmasd.decoding.kernels import GemvLinear, Int8Linear, PackedLinear, packing_available
+    from cmasd.layers import extension
+    from cmasd.layers.kernels import GemvLinear, Int8Linear, PackedLinear, packing_available
 
     if kernels in ("packed", "gemv") and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")

@@ -19,7 +19,7 @@ import torch
 from helpers import (BLOCK, draft_model, encoded_source, random_heads, sequences, tiny_dictionary,  # noqa: F401
                      tiny_drafter, tiny_verifier_args)
 
-from cmasd.decoding.cache import BlockScorer
+from cmasd.layers.cache import BlockScorer
 from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.autoregressive import AutoregressiveDrafter, same_encoder
 from cmasd.drafters.base import STATELESS, Draft, Drafter, DraftRequest, Nothing, Source, Stateless, VerifierView

@@ -73,7 +73,7 @@ def test_other_kernels_stay_lossless(probe, verifier, drafter, greedy, batch_siz
     """``--spec-kernels native``: the linear layers on torch's default kernels, as fairseq
     runs them; ``packed``: oneDNN's alone (the default on a CPU with AVX2 is gemv at a few
     rows and packed above; the tests above)."""
-    from cmasd.decoding.kernels import packing_available
+    from cmasd.layers.kernels import packing_available
 
     if kernels == "packed" and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")

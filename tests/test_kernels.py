@@ -1,5 +1,5 @@
-"""Decoding kernels (cmasd.decoding.kernels) and the layers prepared for decoding
-(cmasd.decoding.attention.DecodingLayer): the same arithmetic as nn.Linear and as the fairseq
+"""Decoding kernels (cmasd.layers.kernels) and the layers prepared for decoding
+(cmasd.layers.prepared.DecodingLayer): the same arithmetic as nn.Linear and as the fairseq
 layer they are built from, to float tolerance; which kernels --spec-kernels picks."""
 
 import math
@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cmasd.decoding.attention import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
-from cmasd.decoding import extension
-from cmasd.decoding.kernels import GEMV_MAX_ROWS, packing_available, prepared_linear, resolve_kernels
+from cmasd.layers.prepared import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
+from cmasd.layers import extension
+from cmasd.layers.kernels import GEMV_MAX_ROWS, packing_available, prepared_linear, resolve_kernels
 from helpers import tiny_transformer
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
@@ -141,7 +141,7 @@ def test_the_kernels_are_built_once_per_machine():
     import subprocess
     import sys
 
-    code = "from cmasd.decoding import extension; extension.compile_and_load(verbose=True)"
+    code = "from cmasd.layers import extension; extension.compile_and_load(verbose=True)"
     for path in (os.environ.get("PATH", ""), os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")):
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                               env=dict(os.environ, PATH=path))
@@ -164,7 +164,7 @@ def test_without_the_compiled_kernels_auto_falls_back_to_packed(monkeypatch):
 def test_shared_linears_build_each_prepared_weight_once():
     """Inside shared_linears() the same weights on the same kernels give the same layer;
     other kernels, other weights, a weight changed in place or outside it: a new one."""
-    from cmasd.decoding.kernels import shared_linears
+    from cmasd.layers.kernels import shared_linears
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(8, 4)
@@ -186,7 +186,7 @@ def test_shared_linears_never_mistake_a_temporary_weight_for_another():
     """Weights made on the fly (as concatenated projections are) and dropped at once: each
     prepared layer still computes with its own weight (a freed address reused by the next
     temporary must not find the first one's layer)."""
-    from cmasd.decoding.kernels import shared_linears
+    from cmasd.layers.kernels import shared_linears
 
     base, x = torch.ones(4, 8), torch.ones(3, 8)
     with shared_linears():

@@ -1,5 +1,7 @@
-"""cmasd.layers is the floor under the models and the decoding loop: it imports none of
-them, and the models (training) import the layer arithmetic from it, not from decoding."""
+"""cmasd.layers (the layer arithmetic and, above it, its decoding backends: the prepared
+decoder, kernels and cache) is under the drafters and the decoding loop and beside the
+models: it imports none of them, and the models (training) import the layer arithmetic from
+it, not from the loop."""
 
 import ast
 from pathlib import Path

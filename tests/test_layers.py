@@ -1,11 +1,13 @@
 """The package's floors (``cmasd.core.FLOORS``): every import of every module of cmasd,
 read with ``ast`` (function-level imports too; ``if TYPE_CHECKING:`` blocks left out: they
 never run), goes to its own room or down a floor, never up or sideways; the library never
-imports ``fairseq_plugins`` (the plugins import cmasd). In process, no models: a second."""
+imports ``fairseq_plugins`` (the plugins import cmasd); and no two folders of cmasd import
+each other, through any chain (the folder graph has no cycle). In process, no models: a
+second."""
 
 import ast
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -55,7 +57,7 @@ def imports(tree: ast.AST, module: str) -> Iterator[Tuple[int, str]]:
                 package = module.split(".")
                 package = package[: len(package) - node.level + (MODULES[module].name == "__init__.py")]
                 base = ".".join(package + ([base] if base else []))
-            # ``from cmasd.decoding import extension`` imports the module cmasd.decoding.extension
+            # ``from cmasd.layers import extension`` imports the module cmasd.layers.extension
             for alias in node.names:
                 name = f"{base}.{alias.name}"
                 yield node.lineno, name if name in MODULES else base
@@ -77,6 +79,46 @@ def violations() -> List[str]:
                 found.append(f"{where}: up from floor {floor} to {their_floor}")
             elif their_floor == floor and their_room != room:
                 found.append(f"{where}: sideways on floor {floor}, {room} -> {their_room}")
+    return found
+
+
+def folder(module: str) -> str:
+    """The node of ``module`` in the folder graph: its folder ``cmasd.<folder>``; a module at
+    the top of the package (``cmasd.errors``, ``cmasd.options``, ...) is a node of its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_graph() -> Dict[str, Set[str]]:
+    """folder -> the other folders its modules import (the imports that run, as above; the
+    package's own ``__init__``, which may reach anything lazily, left out)."""
+    graph: Dict[str, Set[str]] = {}
+    for module, path in MODULES.items():
+        if module == "cmasd":
+            continue
+        for _, target in imports(ast.parse(path.read_text(), str(path)), module):
+            if target.split(".")[0] == "cmasd" and target != "cmasd" and folder(target) != folder(module):
+                graph.setdefault(folder(module), set()).add(folder(target))
+    return graph
+
+
+def folder_cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """One cycle (``[a, b, ..., a]``) for each edge that closes one, by depth-first search."""
+    found, state, path = [], {}, []  # state: 1 on the current path, 2 finished
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for after in sorted(graph.get(node, ())):
+            if state.get(after) == 1:
+                found.append(path[path.index(after):] + [after])
+            elif after not in state:
+                visit(after)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
     return found
 
 
@@ -117,3 +159,31 @@ def test_the_ground_floor_stands_on_errors_alone():
                     assert target.startswith("cmasd.core") or target == "cmasd.errors", f"{module}:{line}: {target}"
     assert old.RowRandom is core.RowRandom and old.Sampling is core.Sampling and old.draw is core.draw
     assert place("cmasd.core.sampling")[0] < place("cmasd.verification.sampling")[0]
+
+
+def test_no_two_folders_import_each_other():
+    """A folder is a floor (or, ``cmasd.layers``, two adjacent ones): its modules' imports
+    between folders only go down, so the folder graph has no cycle."""
+    graph = folder_graph()
+    assert "cmasd.drafters" in graph["cmasd.decoding"] and "cmasd.layers" in graph["cmasd.drafters"]  # read, not empty
+    assert folder_cycles(graph) == []
+
+
+def test_a_folder_cycle_is_caught(tmp_path, monkeypatch):
+    """A module of the drafters that imported the loop would close drafters -> decoding ->
+    drafters (even lazily, inside a function)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from cmasd.decoding.generator import SpeculativeGenerator\n")
+    monkeypatch.setitem(MODULES, "cmasd.drafters.bad", bad)
+    cycles = folder_cycles(folder_graph())
+    assert cycles and all(set(cycle) >= {"cmasd.drafters", "cmasd.decoding"} for cycle in cycles)
+
+
+def test_the_arithmetic_does_not_import_its_backends(tmp_path, monkeypatch):
+    """In ``cmasd.layers`` the arithmetic (``transformer``) is the floor under the prepared
+    modules: importing one of them from it goes up."""
+    bad = tmp_path / "transformer.py"
+    bad.write_text("def f():\n    from cmasd.layers.cache import BlockScorer\n")
+    monkeypatch.setitem(MODULES, "cmasd.layers.transformer", bad)
+    found = [v for v in violations() if "cmasd.layers.transformer imports" in v]
+    assert len(found) == 1 and "up from floor" in found[0]

@@ -10,7 +10,7 @@ from helpers import MAX_LEN, decodes_as_greedy, encoded_source, kernel_params, s
 
 KERNELS = kernel_params()
 
-from cmasd.decoding.cache import BlockScorer, Resume
+from cmasd.layers.cache import BlockScorer, Resume
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.base import DraftRequest, VerifierView
 from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads, annealed_temperatures

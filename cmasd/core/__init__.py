@@ -26,9 +26,11 @@ FLOORS = (
     ("cmasd.errors",),
     ("cmasd.compat", "cmasd.checkpoint"),
     ("cmasd.core",),  # the contracts and their records; sampling and per-sentence randomness
-    ("cmasd.layers",),  # the Transformer layer's arithmetic
-    # the verifier's prepared decoder, its kernels and cache; the models fairseq-train trains
-    (("cmasd.decoding.kernels", "cmasd.decoding.extension", "cmasd.decoding.attention", "cmasd.decoding.cache"),
+    ("cmasd.layers",),  # the Transformer layer's arithmetic (cmasd.layers.transformer)
+    # above it in the same folder, the layer's decoding backends: the prepared decoder and
+    # encoder, their kernels, the C++ extension, the verifier's block scorer and cache; beside
+    # them the models fairseq-train trains
+    (("cmasd.layers.kernels", "cmasd.layers.extension", "cmasd.layers.prepared", "cmasd.layers.cache"),
      "cmasd.models"),
     ("cmasd.drafters", "cmasd.verification"),
     ("cmasd.decoding",),  # the loop: generator, statistics, fairseq's repeat ban

@@ -58,8 +58,8 @@ from torch import Tensor
 
 from cmasd.core.sampling import DRAFT, RowRandom, Sampling
 
-if TYPE_CHECKING:  # the verifier's scorer and cache: the floor above (cmasd.decoding.cache)
-    from cmasd.decoding.cache import BlockScorer, VerifierCache
+if TYPE_CHECKING:  # the verifier's scorer and cache: the floor above (cmasd.layers.cache)
+    from cmasd.layers.cache import BlockScorer, VerifierCache
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class LowerLayers:
     """A block's verifier states after its lowest ``layers`` decoder layers, computed by a
     drafter that drafts with those layers of the verifier itself (writing their keys and
     values into the verifier's cache as it goes): verifying the block runs only the layers
-    above (``cmasd.decoding.cache.BlockScorer.states``)."""
+    above (``cmasd.layers.cache.BlockScorer.states``)."""
 
     layers: int
     states: Tensor  # (B, n, C): the block's states after layer ``layers`` - 1

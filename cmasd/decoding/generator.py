@@ -31,8 +31,8 @@ from torch import Tensor
 
 from cmasd.core.drafting import Drafter, DrafterState, DraftRequest, LowerLayers, Source, VerifierView, empty_draft
 from cmasd.core.verifying import AcceptanceRule, Controller, Proposal, RowState
-from cmasd.decoding.attention import encoder_of
-from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.layers.prepared import encoder_of
+from cmasd.layers.cache import BlockScorer, VerifierCache
 from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.sentences import joined, sentences
 from cmasd.decoding.stats import DecodeStats

@@ -6,7 +6,7 @@ Any fairseq Transformer (``TransformerModelBase``: ``--arch transformer`` and it
 variants, or cmasd's ``ar_drafter``, ``cmasd.models.ar_drafter``) with the verifier's
 dictionary drafts ``horizon`` tokens one at a time, each the argmax of its distribution (with
 ``--sampling``, a draw from it) given the accepted prefix and the drafts before it. Its decoder runs as the verifier's
-does (``cmasd.decoding.cache.BlockScorer``: prepared layers, a key/value cache indexed by
+does (``cmasd.layers.cache.BlockScorer``: prepared layers, a key/value cache indexed by
 position), and its cache rolls back by length as the verifier's: a draft call first
 feeds the tokens accepted since the last call (several rows at once, ragged), then one
 drafted token per step; entries past a row's accepted length are simply overwritten
@@ -24,8 +24,8 @@ import torch
 from fairseq.models.transformer import TransformerModelBase
 from torch import Tensor
 
-from cmasd.decoding.attention import encoder_of
-from cmasd.decoding.cache import BlockScorer, VerifierCache
+from cmasd.layers.prepared import encoder_of
+from cmasd.layers.cache import BlockScorer, VerifierCache
 from cmasd.drafters.base import (
     Draft,
     DraftRequest,

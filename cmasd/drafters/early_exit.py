@@ -41,7 +41,7 @@ class ExitHeads(abc.ABC):
 
     @abc.abstractmethod
     def logits(self, decoder, layer: int, states: Tensor) -> Tensor:
-        """``decoder``: the verifier's prepared decoder (``cmasd.decoding.attention.
+        """``decoder``: the verifier's prepared decoder (``cmasd.layers.prepared.
         DecodingDecoder``); ``states`` (..., C) after ``layer`` layers -> logits (..., V)."""
 
 

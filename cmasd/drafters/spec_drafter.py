@@ -8,7 +8,7 @@ fairseq-train trains.
 Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
 slots are never cached, and nothing is ever rolled back (the slots are recomputed every
 pass). Decoding runs a copy of the decoder's weights prepared once
-(``cmasd.decoding.attention.DecodingDecoder`` on native, packed or int8 kernels).
+(``cmasd.layers.prepared.DecodingDecoder`` on native, packed or int8 kernels).
 """
 
 import dataclasses
@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from cmasd.decoding.attention import DecodingDecoder, additive_mask
-from cmasd.decoding.cache import encoder_states, keep_rows, widened
+from cmasd.layers.prepared import DecodingDecoder, additive_mask
+from cmasd.layers.cache import encoder_states, keep_rows, widened
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Source, model_draft
 from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel

@@ -17,11 +17,11 @@ written here once; its backends supply the parts:
   places, autograd). The Spec-Drafter trains through it; in eval mode it is fairseq's
   incremental-decoding arithmetic.
 * ``PreparedLayer``: copies of the weights on linear layers made by a ``Linear`` factory
-  (``cmasd.decoding.kernels``: native, packed, gemv or int8), the query, key and value
+  (``cmasd.layers.kernels``: native, packed, gemv or int8), the query, key and value
   projections fused into one, the query scaling folded where exact, a ReLU fused into
   ``fc1``, an additive mask, no dropout. The verifier's block scorer and the drafters
-  decode with it (``cmasd.decoding.attention``).
-* The C++ ``FusedDecoder`` (``cmasd/decoding/csrc/decoding.cpp``) runs a stack of
+  decode with it (``cmasd.layers.prepared``).
+* The C++ ``FusedDecoder`` (``cmasd/layers/csrc/decoding.cpp``) runs a stack of
   ``PreparedLayer``s on gemv kernels in one call, where a block is small enough: the same
   operations in the same order, read from the same prepared parts (tests compare them).
 

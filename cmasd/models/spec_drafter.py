@@ -22,7 +22,7 @@ the decoder layers start from the verifier's bottom layers (``--decoder-init``).
 The layers are fairseq ``TransformerDecoderLayer`` modules run on their own modules by
 ``cmasd.layers.transformer`` with explicit masks in training (one pass scores several cut
 points of a target); in decoding (ragged rows, cache) ``cmasd.drafters.spec_drafter``
-runs a copy of their weights prepared by ``cmasd.decoding.attention.DecodingDecoder``
+runs a copy of their weights prepared by ``cmasd.layers.prepared.DecodingDecoder``
 (fused projections, chosen kernels): the same layer arithmetic on other linear layers,
 equal to float tolerance (tests compare the two).
 """

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from cmasd.decoding.kernels import shared_linears
+from cmasd.layers.kernels import shared_linears
 from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.errors import UsageError, one_line
 from cmasd.tools.bench.configs import (

@@ -5,9 +5,9 @@ from typing import Any, Dict, List, Mapping
 
 import torch
 
-from cmasd.decoding.attention import encoder_of
-from cmasd.decoding.cache import BlockScorer
-from cmasd.decoding.kernels import resolve_kernels
+from cmasd.layers.prepared import encoder_of
+from cmasd.layers.cache import BlockScorer
+from cmasd.layers.kernels import resolve_kernels
 
 
 def teacher_forced_input(sample, hypotheses: Mapping[int, List[int]], eos: int, pad: int) -> Dict[str, Any]:

@@ -11,13 +11,13 @@ can also run int8 weights (PyTorch dynamic quantization).
 
 At one to a few positions (batch size 1) even the packed kernel spends most of a call on
 dispatch: 1.4 ms for the verifier's 37 linear layers at one position, where streaming
-their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.decoding.extension``, a C++ kernel
+their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.layers.extension``, a C++ kernel
 compiled on first use) computes up to ``GEMV_MAX_ROWS`` rows as a row-parallel
 matrix-vector product (0.45-0.6 ms for the same layers) and hands larger inputs to the
 packed kernel. ``auto`` picks it where it builds.
 
 ``prepared_linear`` builds one inference-only linear layer (weights copied, no
-gradients) on a chosen kernel; ``cmasd.decoding.attention.DecodingDecoder`` builds every layer
+gradients) on a chosen kernel; ``cmasd.layers.prepared.DecodingDecoder`` builds every layer
 of a decoder with it. ``native``, ``packed`` and ``gemv`` are the same float32 arithmetic in
 other summation orders, as the block scorer's already is against fairseq's incremental
 decoder (different matrix shapes pick different kernels): scores agree to float
@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from cmasd.decoding import extension
+from cmasd.layers import extension
 from cmasd.errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class PackedLinear(nn.Module):
 
 
 class GemvLinear(PackedLinear):
-    """``gemv`` (``cmasd.decoding.extension``) for inputs of at most ``GEMV_MAX_ROWS``
+    """``gemv`` (``cmasd.layers.extension``) for inputs of at most ``GEMV_MAX_ROWS``
     rows, the packed oneDNN kernel above; ReLU fused into both."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):

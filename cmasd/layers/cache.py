@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cmasd.core.drafting import LowerLayers
-from cmasd.decoding.attention import DecodingDecoder, additive_mask
+from cmasd.layers.prepared import DecodingDecoder, additive_mask
 from cmasd.layers.transformer import encoder_states
 
 Resume = LowerLayers  # its old name (a self-speculative drafter resumes verification above them)
@@ -83,7 +83,7 @@ class BlockScorer:
     sequence positions ``start[b] .. start[b] + n - 1``, attending to the row's
     cached prefix and causally among themselves. Equal, to float tolerance, to
     feeding the same tokens one at a time through fairseq's incremental decoder.
-    ``kernels`` (``cmasd.decoding.kernels``): the scorer runs a ``DecodingDecoder`` copy
+    ``kernels`` (``cmasd.layers.kernels``): the scorer runs a ``DecodingDecoder`` copy
     of the decoder's weights, built here once. The verifier scores with it (native or
     packed kernels), and so does an autoregressive draft model (int8 too).
 

@@ -2,9 +2,9 @@
 
 ``cmasd.layers.transformer`` holds a Transformer layer's arithmetic once; this module builds
 the prepared backend of it on decoding's kernels (``DecodingLayer``, ``EncodingLayer``:
-``PreparedLayer``s whose linear layers come from ``cmasd.decoding.kernels``), whole prepared
+``PreparedLayer``s whose linear layers come from ``cmasd.layers.kernels``), whole prepared
 decoders and encoders (``DecodingDecoder``, ``DecodingEncoder``), and selects the C++
-``FusedDecoder`` (``cmasd.decoding.extension``) where it applies: gemv kernels and a block
+``FusedDecoder`` (``cmasd.layers.extension``) where it applies: gemv kernels and a block
 of at most ``GEMV_MAX_ROWS`` rows, all layers in one call.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from cmasd.decoding.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
+from cmasd.layers.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
 from cmasd.errors import UsageError
 from cmasd.layers.transformer import (  # noqa: F401  (some kept for older imports)
     FUSED_ATTENTION_MIN_PAIRS, Linear, PreparedLayer, additive_mask, check_supported_encoder_layer,
@@ -27,7 +27,7 @@ DecodingKeys = Callable[[int, Tensor], Tuple[Tensor, Tensor]]
 
 
 def kernel_linears(kernels: str) -> Linear:
-    """The ``Linear`` factory of ``PreparedLayer`` on ``kernels`` (``cmasd.decoding.kernels``)."""
+    """The ``Linear`` factory of ``PreparedLayer`` on ``kernels`` (``cmasd.layers.kernels``)."""
     return functools.partial(prepared_linear, kernels=kernels)
 
 
@@ -175,7 +175,7 @@ def fused_layers(layers: List[DecodingLayer]):
     """The C++ ``FusedDecoder`` of ``layers`` (all on gemv kernels): ``TransformerLayer.
     forward`` for each, read from the layers' prepared parts; or None where a layer has what
     it does not run (an activation other than ReLU, or encoder attention in some layers only)."""
-    from cmasd.decoding import extension
+    from cmasd.layers import extension
 
     module = extension.load()[0]
     if module is None or any(layer.activation is not None for layer in layers):

@@ -7,7 +7,7 @@
 // (compiled with -mavx2 -mfma; the loader checks the CPU first).
 //
 // FusedDecoder: the C++ backend of cmasd.layers.transformer.TransformerLayer. The layers
-// of a cmasd.decoding.attention.DecodingDecoder (PreparedLayers on gemv kernels, post- or
+// of a cmasd.layers.prepared.DecodingDecoder (PreparedLayers on gemv kernels, post- or
 // pre-norm, ReLU feed-forward) run in one call: TransformerLayer.forward transcribed (the
 // same residual blocks, the same operations in the same order) with the block scorer's
 // cache writes, so that a pass costs its arithmetic and torch's operator dispatch but no
