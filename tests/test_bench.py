@@ -47,7 +47,7 @@ def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter,
                 "--ar-drafter-path", ar_drafter, "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
-                "--repeats", "1", "--warmup", "0", "--configs", ",".join(BENCH_CONFIGS),  # the demo's test warms up
+                "--repeats", "1", "--warmup", "1", "--warmup-batches", "1", "--configs", ",".join(BENCH_CONFIGS),
                 "--threads", "1", "--out-dir", out])
     (out / "stderr.txt").write_text(proc.stderr)
     return out
@@ -169,7 +169,7 @@ def test_bench_draws_its_progress_to_the_end(bench_out):
     done = [int(d.replace(",", "")) for d, _ in bars]
     totals = {int(t.replace(",", "")) for _, t in bars}
     # every configuration in the warm-up and the recorded pass; the floor in the recorded pass
-    # only (the warm-up decodes 8 batches, and the floor follows a whole pass of greedy's)
+    # only (the warm-up decodes --warmup-batches batches, and the floor follows a whole pass of greedy's)
     runs = len(BENCH_CONFIGS) * len(BATCH_SIZES) * 2 + len(BATCH_SIZES)
     assert len(bars) == runs and len(totals) == 1
     assert done == sorted(done) and done[-1] == totals.pop()
