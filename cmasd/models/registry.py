@@ -19,10 +19,12 @@ MODELS: Dict[str, Tuple[type, type]] = {
     "blockwise_heads": (BlockwiseHeadsModel, BlockwiseHeadsConfig),
 }
 # architecture name (a checkpoint's ``_name`` when trained with ``--arch NAME``) -> model
-# name; their functions in fairseq_plugins set nothing: the dataclass defaults apply
+# name; each sets nothing: the dataclass defaults apply (2 decoder layers and a 25-slot block
+# for the Spec-Drafter, the verifier's frozen encoder and 1 decoder layer for the draft model),
+# and the widths follow the verifier
 ARCHITECTURES: Dict[str, str] = {
     "spec_drafter_base": "spec_drafter",
-    "spec_drafter_compact": "spec_drafter",
+    "spec_drafter_compact": "spec_drafter",  # an older name of spec_drafter_base: old commands and checkpoints
     "ar_drafter_1l": "ar_drafter",
 }
 
