@@ -51,15 +51,12 @@ it meet the verifier without the loop knowing what it keeps:
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
 
 from cmasd.core.sampling import DRAFT, RowRandom, Sampling
-
-if TYPE_CHECKING:  # the verifier's scorer and cache: the floor above (cmasd.layers.cache)
-    from cmasd.layers.cache import BlockScorer, VerifierCache
 
 
 @dataclass(frozen=True)
@@ -118,8 +115,8 @@ class VerifierView:
     scorer (the prepared decoder: embeddings, layers, output head) and the active rows'
     cache, into which the drafter may run the lower layers of the block it drafts."""
 
-    scorer: "BlockScorer"
-    cache: "VerifierCache"
+    scorer: Any  # cmasd.layers.cache.BlockScorer (a floor above: named, not imported)
+    cache: Any  # cmasd.layers.cache.VerifierCache
 
 
 @dataclass(frozen=True)
