@@ -21,6 +21,7 @@ from fairseq import checkpoint_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
+from cmasd.decoding import calibration
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.layers.kernels import KERNEL_CHOICES, resolve_kernels
 from cmasd.decoding.sentences import PER_SENTENCE_CHOICES, per_sentence
@@ -67,7 +68,9 @@ class ChosenParts:
         metadata={"help": "draft-length controller: fixed k; cmasd (CM-ASD's confidence-scaled k); gammatune, "
                   "gammatune-plus (GammaTune's window from the accepted tokens, + a drafter-probability stop); "
                   "hf-heuristic (+2 after a fully accepted draft, else -1); assistant-threshold (up to --spec-k, "
-                  "ending after the first draft below --draft-stop-threshold)", "choices": tuple(CONTROLLERS)},
+                  "ending after the first draft below --draft-stop-threshold); goodput (per row, the k that maximises "
+                  "expected accepted tokens per second from this machine's measured costs)",
+                  "choices": tuple(CONTROLLERS)},
     )
 
 
@@ -336,6 +339,8 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
                                      kernels=kernels, seed=seed, sampling=sampling,
                                      per_sentence=per_sentence(cfg.spec_per_sentence, sampling is not None))
+    if controller.needs_costs and controller.costs is None:
+        controller.use_costs(calibration.measured(generator))
     if log_stats:
         # fairseq-generate has no end-of-run hook: report when the process ends.
         atexit.register(lambda: generator.stats.sentences and logger.info(generator.stats.format()))

@@ -23,6 +23,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from cmasd.core.costs import Costs
 from cmasd.core.drafting import Draft
 from cmasd.core.sampling import RowRandom
 
@@ -129,6 +130,11 @@ class Controller(abc.ABC):
     # The option that sets the draft length a row starts with (for a controller without
     # history, the most it sends): the "initial gamma" of cmasd-bench --sweep-gamma.
     initial_length_option: str = "spec_k"
+    # A controller that plans with what an iteration costs on this machine says so here:
+    # whoever builds the generator measures the loaded models (``cmasd.decoding.calibration``)
+    # or reads a saved table (``--spec-costs``) and hands it over through ``use_costs``
+    # before the first batch.
+    needs_costs: bool = False
 
     @classmethod
     @abc.abstractmethod
@@ -139,6 +145,10 @@ class Controller(abc.ABC):
     def start(self, rows: int, device: torch.device) -> RowState:
         """The state of a new batch of ``rows`` rows."""
         return NO_ROW_STATE
+
+    def use_costs(self, costs: Costs) -> None:
+        """The costs of this machine's iterations (only for a controller that ``needs_costs``)."""
+        raise TypeError(f"{type(self).__name__} does not plan with costs")
 
     def budget(self, state: RowState) -> Optional[Tensor]:
         """Before drafting: the most tokens each row may send this iteration, (B,) long in

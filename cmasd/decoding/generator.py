@@ -153,7 +153,9 @@ class SpeculativeGenerator:
             raise ValueError("an acceptance rule that samples needs sampling options, and sampling options need one")
         self.model = model
         self.drafter = drafter
+        self.kernels = kernels
         self.scorer = BlockScorer(model.decoder, kernels)
+        self.ragged = False  # a batch's verify pass scores only the positions its rows send
         self.encode = encoder_of(model.encoder, kernels)
         self.controller = controller
         self.acceptance = acceptance

@@ -8,6 +8,8 @@
 * ``gammatune``, ``gammatune-plus``, ``hf-heuristic``, ``assistant-threshold``: draft
   lengths from the history of accepted tokens and the drafter's probabilities
   (``cmasd.verification.history``).
+* ``goodput``: the draft length per row that maximises expected accepted tokens per
+  second, from this machine's measured costs (``cmasd.verification.goodput``).
 
 ``limit`` is the most tokens the drafter can draft in one pass (the Spec-Drafter's
 block), or None where there is none (an autoregressive draft model, n-gram lookups).
@@ -23,6 +25,7 @@ from cmasd.core.verifying import NO_ROW_STATE, Controller, Needs, RowState
 from cmasd.errors import UsageError
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
 from cmasd.verification.confidence import ScaledLengthOptions
+from cmasd.verification.goodput import Goodput
 from cmasd.verification.history import HISTORY_CONTROLLERS, Idle, IdleOptions
 
 
@@ -88,5 +91,5 @@ class ConfidenceScaled(Controller):
         return state if self.idle is None else self.idle.observe(state, proposed, accepted)
 
 
-CONTROLLERS: Dict[str, type] = {"fixed": Fixed, "cmasd": ConfidenceScaled, **HISTORY_CONTROLLERS}
+CONTROLLERS: Dict[str, type] = {"fixed": Fixed, "cmasd": ConfidenceScaled, **HISTORY_CONTROLLERS, "goodput": Goodput}
 

@@ -155,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the drafter's block left out), and summarise each one's speed-up over the fixed-length "
                         "configuration of the same drafter at the same gamma (one such configuration per drafter, "
                         "e.g. specdec-k5-exact, ar-g4-exact)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure what an iteration costs on this machine for each speculative configuration, "
+                        "at 1 row and each batch size (the table the goodput controller plans with), print the "
+                        "tables, save each as OUT_DIR/costs-NAME.json (fairseq-generate --spec-costs FILE), and "
+                        "decode nothing")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"), help="default: %(default)s")
     parser.set_defaults(repeats=3)
     return parser
@@ -290,6 +295,33 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
     return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
 
 
+def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes: Sequence[int],
+                      global_overrides: Mapping[str, Any]) -> None:
+    """``--calibrate``: each speculative configuration's cost table, printed and saved."""
+    from cmasd.decoding import calibration
+
+    paths = drafter_paths(args)
+    generation = {**rule_options(args), **sampling_options(args)}
+    rows = sorted({1, *batch_sizes})
+    os.makedirs(args.out_dir, exist_ok=True)
+    tables = []
+    with shared_linears():
+        for config in configs:
+            if not config.speculative:
+                continue
+            generator = build_generator(bench.setup, config, global_overrides, paths, generation)
+            if generator.horizon == 0:
+                continue
+            costs = calibration.measured(generator, rows)
+            path = os.path.join(args.out_dir, f"costs-{config.name}.json")
+            costs.save(path)
+            tables.append(f"{config.name} ({path}):\n{costs.format()}")
+    if not tables:
+        raise BenchError("--calibrate: none of the configurations drafts anything (name one that does, e.g. "
+                         "ar-g4-exact or goodput-ar)")
+    print("\n\n".join(tables))
+
+
 def report_record(args, bench: Bench, configs, global_overrides, rows, extra=None) -> Dict[str, Any]:
     record = environment(args, bench.setup)
     record.update({
@@ -354,6 +386,9 @@ def main(args) -> None:
     if gammas is not None:
         sweep = expand(configs, gammas, bench.setup, global_overrides, drafter_paths(args))
         configs = sweep.configs
+    if args.calibrate:
+        calibrate_configs(bench, args, configs, batch_sizes, global_overrides)
+        return
     rows = run_configs(bench, args, configs, batch_sizes, global_overrides)
 
     os.makedirs(args.out_dir, exist_ok=True)

@@ -1,0 +1,191 @@
+"""Measure what an iteration costs on this machine for a generator's models: the
+``cmasd.core.costs.Costs`` a cost-aware controller (``goodput``) plans with.
+
+``calibrate`` builds a synthetic batch (random source and target pieces of the models'
+dictionaries: a pass's cost depends on shapes, not on which tokens it reads), runs the
+generator's own parts on it and times them, after a warm-up, as the median of
+``repeats`` runs:
+
+* a verify pass (``SpeculativeGenerator.verify``: the verifier's block, its log-softmax and
+  fairseq's rules) of ``rows`` rows at every width 1 .. horizon + 1 (every position up to
+  ``DENSE_WIDTHS``, then a sparser grid);
+* the drafter's call for k = 1 .. horizon positions (a sparser grid above
+  ``DENSE_WIDTHS``, filled in linearly), from a state that has seen the prefix but its
+  last token, as in decoding (an autoregressive draft model then feeds one token and
+  steps k - 1 times);
+* a whole iteration drafting nothing, less its verify pass: the iteration's own costs.
+
+A few seconds for the compact Multi30k models on two cores. ``measured`` keeps one table
+per models and settings for the life of the process (cmasd-bench builds hundreds of
+generators of the same models).
+"""
+
+import copy
+import platform
+import statistics
+from dataclasses import replace
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
+
+import torch
+
+from cmasd.core.costs import Costs
+from cmasd.core.drafting import Source, VerifierView
+from cmasd.core.sampling import RowRandom
+from cmasd.core.verifying import Proposal
+from cmasd.decoding.generator import SpeculativeGenerator, now
+from cmasd.decoding.stats import DecodeStats
+
+ROWS = (1, 4, 16)  # row counts measured by default
+DENSE_WIDTHS = 10  # every width and draft length up to this is measured; above, a sparser grid
+SOURCE_LENGTH = 16  # source pieces of the synthetic sentences, end-of-sentence included
+PREFIX = 12  # target tokens already accepted, the start token included
+
+_MEASURED: Dict[Tuple, Costs] = {}
+
+
+def grid(largest: int) -> List[int]:
+    """1 .. ``largest``: every value up to DENSE_WIDTHS, then about a third more each step."""
+    values = list(range(1, min(largest, DENSE_WIDTHS) + 1))
+    while values[-1] < largest:
+        values.append(min(largest, max(values[-1] + 1, round(values[-1] * 4 / 3))))
+    return values
+
+
+def median_seconds(run: Callable[[], object], like: torch.Tensor, repeats: int) -> float:
+    """The median wall-clock seconds of ``run()`` over ``repeats`` calls, after one unmeasured."""
+    run()
+    times = []
+    for _ in range(repeats):
+        t0 = now(like)
+        run()
+        times.append(now(like) - t0)
+    return statistics.median(times)
+
+
+def device_name() -> str:
+    """The CPU's model name (``lscpu``'s) and torch's threads, or the CUDA device."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
+class Bench:
+    """A synthetic batch of ``rows`` rows for ``generator``, its caches holding the prefix."""
+
+    def __init__(self, generator: SpeculativeGenerator, rows: int, seed: int = 0):
+        self.generator = g = generator
+        model = g.model
+        parameter = next(model.parameters())
+        device = parameter.device
+        random = torch.Generator().manual_seed(seed)
+        src_vocab = model.encoder.embed_tokens.num_embeddings
+        tgt_vocab = model.decoder.embed_tokens.num_embeddings
+        src = torch.randint(4, src_vocab, (rows, SOURCE_LENGTH), generator=random)
+        src[:, -1] = g.eos
+        src, lengths = src.to(device), torch.full((rows,), SOURCE_LENGTH, dtype=torch.long, device=device)
+        net_input = {"src_tokens": src, "src_lengths": lengths}
+        capacity = PREFIX + g.horizon + 2
+        source = Source(src, lengths, g.encode(net_input))
+        self.quiet = quiet(g)
+        state = self.quiet.start(source, torch.arange(rows, device=device), capacity, capacity)
+        tokens = torch.randint(4, tgt_vocab, (rows, capacity), generator=random).to(device)
+        tokens[:, 0] = g.eos
+        lengths = torch.full((rows,), PREFIX, dtype=torch.long, device=device)
+        g.scorer.states(state.verifier, tokens[:, :PREFIX], torch.zeros_like(lengths))  # the prefix's keys/values
+        self.state = replace(state, tokens=tokens, lengths=lengths).bounded()
+        self.like = tokens
+        self.max_len = capacity  # no forced eos within the measured blocks
+        self.drafts = torch.randint(4, tgt_vocab, (rows, g.horizon), generator=random).to(device)
+
+    def request(self, horizon: int):
+        g, state = self.generator, self.state
+        random = RowRandom.of(g.seed, state.ids, state.steps, g.horizon + 1) if g.random else None
+        return replace(g.request, horizon=horizon, random=random if g.sampling is not None else None,
+                       verifier=VerifierView(g.scorer, state.verifier) if g.drafter.reads_verifier else None)
+
+    def verify(self, width: int) -> Callable[[], object]:
+        g, state = self.generator, self.state
+        rows = state.rows.numel()
+        random = RowRandom.of(g.seed, state.ids, state.steps, g.horizon + 1) if g.random else None
+        k = torch.full((rows,), width - 1, dtype=torch.long, device=self.like.device)
+        proposal = Proposal(self.drafts[:, : width - 1], k, None, None, random)
+        return lambda: g.verify(state, proposal, self.max_len)
+
+    def draft(self, k: int) -> Callable[[], object]:
+        g, state = self.generator, self.state
+        primed = g.drafter.draft(state.drafter, state.tokens, state.lengths - 1, self.request(1))[1]
+        request = self.request(k)
+        return lambda: g.drafter.draft(primed, state.tokens, state.lengths, request)
+
+    def iteration(self) -> Callable[[], object]:
+        """A whole iteration of the loop in which no row drafts."""
+        return lambda: self.quiet.step(self.state, self.max_len, DecodeStats())
+
+
+def quiet(generator: SpeculativeGenerator) -> SpeculativeGenerator:
+    """A copy of ``generator`` whose controller sends nothing (the fixed controller at k = 0)."""
+    from cmasd.verification.controllers import Fixed
+
+    copied = copy.copy(generator)
+    copied.controller, copied.horizon = Fixed(0, None), 0
+    copied.request = replace(copied.request, horizon=0)
+    return copied
+
+
+def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = 5) -> Costs:
+    """The costs of ``generator``'s iterations on this machine (see the module)."""
+    horizon = generator.horizon
+    widths = grid(horizon + 1)
+    ks = grid(horizon) if horizon else []
+    verify, draft, overhead = [], [], []
+    with torch.no_grad():
+        for count in rows:
+            bench = Bench(generator, count)
+            line = [median_seconds(bench.verify(w), bench.like, repeats) for w in widths]
+            verify.append(tuple(line))
+            measured = [median_seconds(bench.draft(k), bench.like, repeats) for k in ks]
+            draft.append((0.0, *filled(ks, measured, horizon)))
+            step = median_seconds(bench.iteration(), bench.like, repeats)
+            overhead.append(max(0.0, step - line[0]))
+    return Costs(tuple(rows), tuple(widths), tuple(verify), tuple(draft), tuple(overhead),
+                 ragged=generator.ragged, device=device_name())
+
+
+def filled(ks: Sequence[int], seconds: Sequence[float], horizon: int) -> Iterable[float]:
+    """Seconds for k = 1 .. horizon, linear between the measured ``ks``."""
+    for k in range(1, horizon + 1):
+        i = next(i for i, measured in enumerate(ks) if measured >= k)
+        if ks[i] == k:
+            yield seconds[i]
+        else:
+            k0, k1, s0, s1 = ks[i - 1], ks[i], seconds[i - 1], seconds[i]
+            yield s0 + (s1 - s0) * (k - k0) / (k1 - k0)
+
+
+def identity(generator: SpeculativeGenerator) -> Tuple:
+    """What makes two generators' iterations cost the same: their models, kernels, drafter
+    and what it is asked for."""
+    def parts(obj, depth=0):
+        found = [type(obj).__name__]
+        for value in vars(obj).values() if depth < 3 and hasattr(obj, "__dict__") else ():
+            if isinstance(value, torch.nn.Module):
+                found.append(id(value))
+            elif type(value).__module__.startswith("cmasd.drafters"):
+                found.extend(parts(value, depth + 1))
+        return tuple(found)
+
+    g = generator
+    return (id(g.model), g.kernels, parts(g.drafter), g.horizon, g.ragged, g.sampling is not None,
+            g.request.confidence is not None, g.request.logprobs, torch.get_num_threads())
+
+
+def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS) -> Costs:
+    """``calibrate(generator)``, measured once per process for the same models and settings."""
+    key = identity(generator) + tuple(rows)
+    if key not in _MEASURED:
+        _MEASURED[key] = calibrate(generator, rows)
+    return _MEASURED[key]

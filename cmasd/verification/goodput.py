@@ -1,0 +1,193 @@
+"""``goodput``: the draft length that maximises accepted tokens per second, from what an
+iteration costs on this machine.
+
+SmartSpec (Liu et al., "Optimizing Speculative Decoding for Serving Large Language Models
+Using Goodput", arXiv:2406.14066) chooses a batch's draft length to maximise goodput,
+the tokens a batch is expected to gain per second of an iteration. This controller does so
+per row and for a batch's pass, every iteration:
+
+* **Acceptance, per row, online.** Each drafted token of row r is taken to be accepted
+  with probability a_r, independently (the model of Leviathan et al., Sec. 3.1); a_r is
+  estimated from the row's own verifications: accepted drafts are successes, a rejection
+  a failure, both decayed by ``--goodput-memory`` per drafting iteration; a row starts
+  from the prior (``--goodput-prior``) as if it had seen ``PRIOR_WEIGHT`` drafts, which
+  decay as the row's own do. A row sending k drafts then gains 1 + a + ... + a^k tokens
+  in expectation.
+* **Costs, measured.** A ``cmasd.core.costs.Costs`` table: the drafter's cost for the
+  longest draft (h), the verify pass over the positions sent (every row's last token and
+  its drafts; with padded verification every row pays the widest block) and the rest of
+  an iteration, for the number of rows active.
+* **The plan.** For every h in 0 .. k_max, the drafts with the largest marginal gains
+  (a_r^j for the j-th draft of row r, at most h per row) are taken in order while the
+  ratio of expected tokens to seconds grows; the best h and its drafts give each row its
+  k for the next iteration. k = 0 for every row (nothing drafted, the verifier alone)
+  wherever drafting cannot pay; rows of one batch get different k where verification is
+  ragged.
+* **Probes.** A row planned at k = 0 learns nothing about its acceptance; after
+  ``--goodput-probe-every`` such iterations it is planned once as if its acceptance were
+  the prior, and the wait doubles after each probe that leaves it at 0.
+
+The plan is computed on the host (one transfer of the estimates per iteration; a few
+hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
+(``budget``), and nothing at all when every row is planned at 0.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from cmasd.core.costs import Costs
+from cmasd.core.drafting import Draft
+from cmasd.core.verifying import Controller, RowState
+from cmasd.errors import UsageError
+from cmasd.verification.base import DraftLengthOptions, largest_k, within
+
+PRIOR_WEIGHT = 2.0  # drafts' worth of evidence the prior counts for at a row's start
+
+
+@dataclass
+class GoodputOptions:
+    """The cost-aware controller's options (``goodput``)."""
+
+    spec_costs: Optional[str] = field(
+        default=None,
+        metadata={"help": "goodput: a cost table saved by cmasd-bench --calibrate (JSON); default: measure the loaded "
+                  "models when the generator is built (a few seconds)"},
+    )
+    goodput_prior: float = field(
+        default=0.6, metadata={"help": "goodput: the per-token acceptance a row starts from and probes with, in (0, 1)"}
+    )
+    goodput_memory: float = field(
+        default=0.7,
+        metadata={"help": "goodput: the weight a row's earlier verifications keep at each new one, in [0, 1) "
+                  "(0: the last one alone)"},
+    )
+    goodput_probe_every: int = field(
+        default=16, metadata={"help": "goodput: iterations a row planned at k = 0 waits before it probes; the wait "
+                              "doubles after each probe that does not pay"}
+    )
+
+
+@dataclass(frozen=True)
+class GoodputState(RowState):
+    """Per row: decayed counts of accepted and rejected drafts, the plan for the next
+    iteration, iterations since it last drafted, and its current wait before a probe."""
+
+    hits: Tensor  # (B,) float
+    misses: Tensor  # (B,) float
+    plan: Tensor  # (B,) long: drafts to send next iteration
+    quiet: Tensor  # (B,) long: consecutive iterations planned at 0
+    wait: Tensor  # (B,) long: the quiet iterations before the next probe
+
+
+def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int) -> np.ndarray:
+    """The draft length of each row, (B,) int, that maximises expected tokens per second
+    for rows whose drafts are accepted with probabilities ``acceptance`` (B,)."""
+    rows = len(acceptance)
+    a = np.clip(acceptance, 0.0, 0.999)
+    if rows == 0 or k_max == 0:
+        return np.zeros(rows, dtype=np.int64)
+    overhead = costs.overhead_seconds(rows)
+    widths = np.arange(1, k_max + 2)  # positions per row, 1 .. k_max + 1
+    verify = np.array([costs.verify_seconds(rows, rows * w) for w in widths])  # (k_max + 1,) by mean width
+    draft = np.array([costs.draft_seconds(rows, h) for h in range(1, k_max + 1)])  # (k_max,)
+    j = np.arange(1, k_max + 1)
+    gains = a[:, None] ** j[None, :]  # (B, K) expected tokens the j-th draft of each row adds
+    best_value, best = rows / (verify[0] + overhead), np.zeros(rows, dtype=np.int64)
+    if not costs.ragged:  # every row pays the widest block: each sends the most planned
+        expected = rows + np.cumsum(gains.sum(axis=0))  # (K,) all rows at k = h
+        value = expected / (draft + verify[1:] + overhead)
+        h = int(np.argmax(value))
+        return np.full(rows, h + 1, dtype=np.int64) if value[h] > best_value else best
+    order = np.argsort(-gains, axis=None, kind="stable")  # (B K,) largest gains first
+    g, position = gains.ravel()[order], j[order % k_max]  # gain and draft index of each
+    allowed = position[None, :] <= j[:, None]  # (K, B K): drafts within horizon h = 1 .. K
+    tokens = rows + np.cumsum(np.where(allowed, g, 0.0), axis=1)  # (K, B K) taking the first m allowed
+    sent = np.cumsum(allowed, axis=1)  # (K, B K) drafts sent
+    seconds = draft[:, None] + np.interp(1 + sent / rows, widths, verify) + overhead
+    value = np.where(allowed, tokens / seconds, -np.inf)
+    h, m = np.unravel_index(int(np.argmax(value)), value.shape)
+    if value[h, m] <= best_value:
+        return best
+    chosen = order[allowed[h]][: sent[h, m]] // k_max  # the row of each draft taken
+    return np.bincount(chosen, minlength=rows).astype(np.int64)
+
+
+class Goodput(Controller):
+    """Each row's k in 0 .. k_max for the most expected tokens per second (see the module)."""
+
+    options = (DraftLengthOptions, GoodputOptions)
+    initial_length_option = "spec_k_max"
+    needs_costs = True
+
+    def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
+                 costs: Optional[Costs] = None):
+        within("--spec-k-max", k_max, 1, limit)
+        if not 0.0 < prior < 1.0:
+            raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
+        if not 0.0 <= memory < 1.0:
+            raise UsageError(f"--goodput-memory: must be in [0, 1), got {memory:g}")
+        if probe_every < 1:
+            raise UsageError(f"--goodput-probe-every: must be >= 1, got {probe_every}")
+        self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
+        self.horizon = k_max
+        self.costs = costs
+
+    @classmethod
+    def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
+        goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit)
+        if cfg.spec_costs:
+            goodput.use_costs(Costs.load(cfg.spec_costs))
+        return goodput
+
+    def use_costs(self, costs: Costs) -> None:
+        if costs.horizon < self.k_max:
+            raise UsageError(f"the cost table measures drafts of up to {costs.horizon} tokens, fewer than "
+                             f"--spec-k-max={self.k_max} (calibrate with the same --spec-k-max)")
+        if max(costs.widths) < self.k_max + 1:
+            raise UsageError(f"the cost table measures verify passes of up to {max(costs.widths)} positions a row, "
+                             f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
+        self.costs = costs
+
+    def plan(self, acceptance: Tensor) -> Tensor:
+        """Draft lengths (B,) long for rows of acceptance estimates (B,)."""
+        if self.costs is None:
+            raise RuntimeError("the goodput controller has no cost table: use_costs() first")
+        lengths = plan_lengths(acceptance.double().cpu().numpy(), self.costs, self.k_max)
+        return torch.from_numpy(lengths).to(acceptance.device)
+
+    @staticmethod
+    def acceptance(hits: Tensor, misses: Tensor) -> Tensor:
+        return hits / (hits + misses)  # (B,)
+
+    def start(self, rows: int, device: torch.device) -> GoodputState:
+        prior = torch.full((rows,), self.prior, device=device)
+        counts = torch.zeros(rows, dtype=torch.long, device=device)
+        return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior), self.plan(prior), counts,
+                            torch.full((rows,), self.probe_every, dtype=torch.long, device=device))
+
+    def budget(self, state: GoodputState) -> Tensor:
+        return state.plan
+
+    def propose(self, state: GoodputState, draft: Draft) -> Tensor:
+        return state.plan.clamp(max=draft.tokens.size(1))
+
+    def observe(self, state: GoodputState, proposed: Tensor, accepted: Tensor) -> GoodputState:
+        drafted = proposed > 0  # (B,)
+        keep = torch.where(drafted, self.memory, 1.0)  # (B,) decay only where something was learnt
+        hits = state.hits * keep + accepted.float()
+        misses = state.misses * keep + (drafted & (accepted < proposed)).float()
+        acceptance = self.acceptance(hits, misses)
+        plan = self.plan(acceptance)  # (B,)
+        quiet = torch.where(plan == 0, state.quiet + 1, torch.zeros_like(state.quiet))
+        probe = (plan == 0) & (quiet >= state.wait)  # (B,)
+        wait = torch.where(plan > 0, torch.full_like(state.wait, self.probe_every), state.wait)
+        if bool(probe.any()):
+            hopeful = self.plan(torch.where(probe, acceptance.clamp(min=self.prior), acceptance))
+            plan = torch.where(probe, hopeful, plan)
+            wait = torch.where(probe, state.wait * 2, wait)
+            quiet = torch.where(probe, torch.zeros_like(quiet), quiet)
+        return GoodputState(hits, misses, plan, quiet, wait)

@@ -1,0 +1,190 @@
+"""The cost-aware controller (``goodput``) and the cost tables it plans with.
+
+Its choices on hand-made cost tables and acceptance rates: k = 0 where drafting cannot
+pay, k growing with acceptance where it does, per row within a ragged batch, the same k
+for every row where verification is padded, probes after a row has sat at 0. The tables'
+refusal of nonsense. Calibration's table for tiny models in process. Then through
+``fairseq-generate``: lossless against ``--beam 1`` with every drafter kind that needs no
+extra checkpoint, at batch 1, 7 and 16, with a saved table (so that the plans vary
+deterministically) and once measured at start-up.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same_hypotheses, draft_model, generate, hypotheses, source_batch, tiny_drafter
+
+from cmasd.core.costs import Costs
+from cmasd.decoding import calibration
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.drafters.autoregressive import AutoregressiveDrafter
+from cmasd.errors import UsageError
+from cmasd.verification.acceptance import Exact
+from cmasd.verification.confidence import ConfidenceSpec
+from cmasd.verification.goodput import Goodput, plan_lengths
+
+K = 6
+
+
+def table(draft_ms: float, verify_ms=(1.0, 1.2), ragged=True, overhead_ms=0.1, rows=(1, 16)) -> Costs:
+    """A cost table: a verify pass of one row costs ``verify_ms[0]`` at one position and
+    ``verify_ms[1]`` more per position after it (per row at more rows); drafting costs
+    ``draft_ms`` a position."""
+    widths = tuple(range(1, K + 2))
+    first, extra = verify_ms
+    verify = tuple(tuple(1e-3 * count * (first + extra * (w - 1)) for w in widths) for count in rows)
+    draft = tuple(tuple(1e-3 * draft_ms * k * (1 + count / 16) for k in range(K + 1)) for count in rows)
+    return Costs(rows, widths, verify, draft, tuple(1e-3 * overhead_ms for _ in rows), ragged=ragged)
+
+
+def plan(acceptance, costs):
+    return plan_lengths(np.array(acceptance, dtype=float), costs, K).tolist()
+
+
+def test_nothing_is_drafted_where_drafting_cannot_pay():
+    assert plan([0.99], table(draft_ms=5.0)) == [0]  # a draft position costs five passes
+    assert plan([0.05, 0.1], table(draft_ms=0.01)) == [0, 0]  # drafts almost never accepted
+    assert plan([0.9], table(draft_ms=0.01, verify_ms=(1.0, 1.0))) == [0]  # a position costs a whole pass
+
+
+def test_k_grows_with_acceptance_where_drafting_pays():
+    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
+    lengths = [plan([a], costs)[0] for a in (0.2, 0.5, 0.7, 0.9, 0.99)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1] == K
+    assert lengths[1] > 0
+
+
+def test_rows_of_a_ragged_batch_get_their_own_k():
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))
+    lengths = plan([0.95, 0.05, 0.6, 0.95], costs)
+    assert lengths[1] == 0 and lengths[0] == lengths[3] > lengths[2] > 0
+
+
+def test_a_padded_batch_sends_one_k_for_every_row():
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1), ragged=False)
+    lengths = plan([0.95, 0.05, 0.6], costs)
+    assert len(set(lengths)) == 1 and lengths[0] > 0
+
+
+def test_a_row_at_zero_probes_and_waits_longer_after_each_failure():
+    goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=3, limit=None, costs=table(draft_ms=0.02,
+                                                                                       verify_ms=(1.0, 0.2)))
+    state = goodput.start(1, torch.device("cpu"))
+    assert state.plan.item() > 0  # the prior says drafting pays
+    sent = []
+    for _ in range(30):
+        k = state.plan
+        sent.append(k.item())
+        state = goodput.observe(state, k, torch.zeros_like(k))  # nothing is ever accepted
+    drafting = [i for i, k in enumerate(sent) if k > 0]
+    gaps = np.diff(drafting).tolist()
+    assert len(drafting) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes, ever further apart
+
+
+def test_the_controller_refuses_what_it_cannot_plan_with():
+    with pytest.raises(UsageError, match="--goodput-prior"):
+        Goodput(K, prior=1.0, memory=0.5, probe_every=3, limit=None)
+    with pytest.raises(UsageError, match="--goodput-memory"):
+        Goodput(K, prior=0.5, memory=1.0, probe_every=3, limit=None)
+    with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):
+        Goodput(8, prior=0.5, memory=0.5, probe_every=3, limit=None).use_costs(table(draft_ms=0.1))
+
+
+def test_a_table_interpolates_between_and_beyond_its_points():
+    costs = table(draft_ms=0.1)
+    assert costs.verify_seconds(1, 3) == pytest.approx(1e-3 * 3.4)
+    assert costs.verify_seconds(16, 32) == pytest.approx(16e-3 * 2.2)
+    assert costs.verify_seconds(8.5, 8.5) == pytest.approx(8.5e-3)  # between 1 and 16 rows
+    assert costs.verify_seconds(32, 32) >= costs.verify_seconds(16, 16)  # beyond: never cheaper than measured
+    assert costs.draft_seconds(1, 0) == 0.0
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(rows=(4, 1)), "rows must be increasing"),
+    (dict(widths=(2, 3, 4, 5, 6, 7, 8)), "widths must start at 1"),
+    (dict(overhead=(1e-3,)), "overhead has 1 entries for 2 row counts"),
+    (dict(verify=((1e-3,) * 7, (float("nan"),) * 7)), "finite number of seconds"),
+    (dict(draft=((0.0, -1.0),) * 2), "finite number of seconds"),
+    (dict(verify=((0.0,) * 7,) * 2), "cannot cost 0 seconds"),
+])
+def test_a_table_refuses_nonsense(change, message):
+    fields = table(draft_ms=0.1).__dict__ | change
+    with pytest.raises(UsageError, match=message):
+        Costs(**fields)
+
+
+def test_a_saved_table_loads_and_bad_files_are_refused(tmp_path):
+    costs = table(draft_ms=0.1)
+    costs.save(tmp_path / "costs.json")
+    assert Costs.load(tmp_path / "costs.json") == costs
+    (tmp_path / "other.json").write_text(json.dumps({"rows": [1]}))
+    (tmp_path / "broken.json").write_text("{")
+    for name, message in (("other.json", "not a cost table of this cmasd"), ("broken.json", "not a cost table"),
+                          ("missing.json", "no such file")):
+        with pytest.raises(UsageError, match=message):
+            Costs.load(tmp_path / name)
+
+
+def test_calibration_measures_every_part_for_the_loaded_models():
+    spec_model, verifier, dictionary = tiny_drafter(seed=4)
+    rules = LengthRules(max_len_b=12, max_positions=verifier.max_decoder_positions())
+    ar = AutoregressiveDrafter(draft_model(verifier, dictionary), "native", shares_encoder=True)
+    controller = Goodput(4, 0.6, 0.7, 16, None)
+    generator = SpeculativeGenerator(verifier, ar, dictionary, controller, Exact(), ConfidenceSpec(), rules)
+    costs = calibration.calibrate(generator, rows=(1, 3), repeats=2)
+    assert costs.rows == (1, 3) and costs.widths == (1, 2, 3, 4, 5) and costs.horizon == 4
+    assert all(s > 0 for line in costs.verify for s in line)
+    assert all(line[0] == 0 and all(s > 0 for s in line[1:]) for line in costs.draft)
+    assert "verify pass" in costs.format() and costs.device
+    controller.use_costs(costs)
+    src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(1), bsz=3)
+    hypotheses_, stats = generator.decode({"id": torch.arange(3), "net_input": {"src_tokens": src,
+                                                                               "src_lengths": src_lengths}})
+    assert stats.sentences == 3 and all(len(h) == 1 for h in hypotheses_)
+
+
+# A table on which the plans vary: a position costs a tenth of a pass, a draft position
+# 0.15 ms, so that rows draft where acceptance is high, sit at 0 where it is low, and probe.
+SETUPS = {
+    "spec": lambda d: ["--drafter-path", d["spec"], "--spec-k-max", str(K)],
+    "autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-k-max", str(K)],
+    "history+source": lambda d: ["--spec-history-ngram", "1", "--spec-source-ngram", "1", "--spec-k-max", str(K)],
+    "specbound": lambda d: ["--drafter-kind", "specbound", "--spec-k-max", str(K)],
+}
+
+
+@pytest.fixture(scope="module")
+def costs_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("costs") / "costs.json"
+    table(draft_ms=0.15, verify_ms=(1.0, 0.1)).save(path)
+    return path
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 16])
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_goodput_is_lossless_with_every_drafter_kind(probe, verifier, drafter, ar_drafter, greedy, costs_file, setup,
+                                                      batch_size):
+    proc = generate(probe, verifier, "--batch-size", str(batch_size), "--spec-controller", "goodput",
+                    "--spec-costs", costs_file, "--spec-acceptance", "exact",
+                    *SETUPS[setup]({"spec": drafter, "ar": ar_drafter}))
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    histogram = {int(k): int(n) for k, n in re.findall(r"(\d+): (\d+)", re.search(r"k histogram \{([^}]*)\}",
+                                                                                   proc.stderr).group(1))}
+    assert sum(n for k, n in histogram.items() if k > 0) > 0 and len(histogram) > 1  # k varied, drafts were sent
+
+
+def test_goodput_measures_the_models_when_given_no_table(probe, verifier, ar_drafter, greedy):
+    proc = generate(probe, verifier, "--batch-size", "16", "--spec-controller", "goodput", "--drafter-path",
+                    ar_drafter, "--spec-k-max", "4", "--spec-acceptance", "exact")
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+
+
+def test_goodput_refuses_a_bad_table_in_one_line(probe, verifier, ar_drafter, tmp_path):
+    (tmp_path / "bad.json").write_text("[]")
+    proc = generate(probe, verifier, "--spec-controller", "goodput", "--drafter-path", ar_drafter, "--spec-k-max",
+                    "4", "--spec-costs", tmp_path / "bad.json", check=False)
+    assert proc.returncode != 0
+    assert "error: --spec-costs" in proc.stderr and "not a cost table of this cmasd" in proc.stderr
