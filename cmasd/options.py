@@ -95,6 +95,13 @@ class LoopOptions:
                   "runs them), auto (gemv where it builds, else packed on CPU where torch has it, else native). The "
                   "verifier's arithmetic stays float32", "choices": tuple(KERNEL_CHOICES)},
     )
+    spec_verify: str = field(
+        default="ragged",
+        metadata={"help": "how a batch's verify pass lays out its rows' blocks: ragged (the position-wise layers "
+                  "and the output projection run on the positions rows send: a row sending k drafts costs k + 1 "
+                  "positions) or padded (every row pays the widest row's block, as before)",
+                  "choices": ("ragged", "padded")},
+    )
 
 
 @dataclass
@@ -338,7 +345,8 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     )
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
                                      kernels=kernels, seed=seed, sampling=sampling,
-                                     per_sentence=per_sentence(cfg.spec_per_sentence, sampling is not None))
+                                     per_sentence=per_sentence(cfg.spec_per_sentence, sampling is not None),
+                                     ragged=cfg.spec_verify == "ragged")
     if controller.needs_costs and controller.costs is None:
         controller.use_costs(calibration.measured(generator))
     if log_stats:

@@ -147,7 +147,7 @@ class SpeculativeGenerator:
     def __init__(
         self, model, drafter: Drafter, tgt_dict, controller: Controller, acceptance: AcceptanceRule, confidence,
         rules: LengthRules, kernels: str = "native", seed: int = 1, sampling: Optional[Sampling] = None,
-        per_sentence: bool = False,
+        per_sentence: bool = False, ragged: bool = True,
     ):
         if acceptance.samples != (sampling is not None):
             raise ValueError("an acceptance rule that samples needs sampling options, and sampling options need one")
@@ -155,7 +155,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.kernels = kernels
         self.scorer = BlockScorer(model.decoder, kernels)
-        self.ragged = False  # a batch's verify pass scores only the positions its rows send
+        self.ragged = ragged  # a batch's verify pass scores only the positions its rows send
         self.encode = encoder_of(model.encoder, kernels)
         self.controller = controller
         self.acceptance = acceptance
@@ -320,8 +320,11 @@ class SpeculativeGenerator:
         offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
-        states = self.scorer.states(state.verifier, block, state.lengths - 1, lower)  # (B, width + 1, C)
-        logits = self.scorer.decoder.logits(states)  # (B, width + 1, V)
+        sent = offsets[None, :] <= proposal.k[:, None] if self.ragged and bsz > 1 else None  # (B, width + 1)
+        states, ragged = self.scorer.ragged_states(state.verifier, block, state.lengths - 1, sent, lower)
+        logits = self.scorer.decoder.logits(states)  # (B, width + 1, V), or (N, V) for the positions sent
+        if ragged is not None:  # the positions not sent score 0 everywhere (never read)
+            states, logits = ragged.unpack(states), ragged.unpack(logits)  # (B, width + 1, C), (B, width + 1, V)
         if self.rules.temperature != 1.0:
             logits = logits.float() / self.rules.temperature
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)

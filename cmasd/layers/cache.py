@@ -20,7 +20,7 @@ from torch import Tensor
 
 from cmasd.core.drafting import LowerLayers
 from cmasd.layers.prepared import DecodingDecoder, additive_mask
-from cmasd.layers.transformer import encoder_states
+from cmasd.layers.transformer import Ragged, encoder_states
 
 Resume = LowerLayers  # its old name (a self-speculative drafter resumes verification above them)
 
@@ -119,23 +119,41 @@ class BlockScorer:
 
     def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None) -> Tensor:
         """``score``'s decoder states after the last layer, before the output head: (B, n, C)."""
+        return self.ragged_states(cache, tokens, start, None, lower)[0]
+
+    def ragged_states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor],
+                      lower: Optional[LowerLayers] = None) -> Tuple[Tensor, Optional[Ragged]]:
+        """``states`` of a block whose rows send only their first positions, ``valid``
+        (B, n) bool (None: all): the position-wise arithmetic runs on those alone
+        (``cmasd.layers.transformer.Ragged``). Returns the states and their layout: packed
+        (N, C) with the ``Ragged`` of the counting positions, or (B, n, C) and None where
+        every position counts or the fused C++ layers take the whole block (a block that
+        small costs less whole). The other positions' keys and values are written too
+        (zero inputs: garbage past the row's length, never attended, overwritten later)."""
         if lower is None:
             x, first = self.embed(tokens, start), 0
         else:
             x, first = lower.states[:, : tokens.size(1)], lower.layers
-        return self.run(cache, x, start, first)
+        ragged = None if valid is None else Ragged.of(valid)
+        if ragged is not None and self.decoder.takes_whole(x.size(0) * x.size(1)):
+            ragged = None
+        if ragged is not None:
+            x = ragged.pack(x)
+        return self.run(cache, x, start, first, ragged=ragged), ragged
 
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
         """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""
         index = start[:, None] + torch.arange(tokens.size(1), device=tokens.device)[None, :]  # (B, n)
         return self.decoder.embed(tokens, (index + self.padding_idx + 1).clamp(max=self.last_position))
 
-    def run(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int = 0, last: Optional[int] = None) -> Tensor:
+    def run(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int = 0, last: Optional[int] = None,
+            ragged: Optional[Ragged] = None) -> Tensor:
         """Decoder layers ``first`` .. ``last`` - 1 (default: all) over the states x (B, n, C)
         of a block at positions ``start`` (B,) onwards, attending to each row's cached
         prefix and causally within the block; writes the block's keys/values of those
-        layers into ``cache``. Returns the states after layer ``last`` - 1: (B, n, C)."""
-        bsz, n = x.shape[:2]
+        layers into ``cache``. Returns the states after layer ``last`` - 1: (B, n, C).
+        With ``ragged``, x and the result are the block's counting positions packed (N, C)."""
+        bsz, n = (x.shape[:2] if ragged is None else (ragged.rows, ragged.length))
         dec = self.decoder
         index = start[:, None] + torch.arange(n, device=x.device)[None, :]  # (B, n) sequence positions
         used = int(index.max()) + 1
@@ -144,7 +162,7 @@ class BlockScorer:
         key_pos = torch.arange(used, device=x.device)
         bias = additive_mask((key_pos[None, None, :] <= index[:, :, None])[:, None], x)  # (B, 1, n, used)
         where = index[:, None, :, None].expand(bsz, 2 * dec.heads, n, dec.head_dim)  # (B, 2H, n, d)
-        return dec.block_states(x, cache.kv, where, used, bias, cache.cross, cache.cross_bias, first, last)
+        return dec.block_states(x, cache.kv, where, used, bias, cache.cross, cache.cross_bias, first, last, ragged)
 
     def carry_up(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int, last: int) -> None:
         """Keys and values for layers ``first`` .. ``last`` - 1 made of the states x (B, n, C)

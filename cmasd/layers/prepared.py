@@ -17,7 +17,7 @@ from torch import Tensor
 from cmasd.layers.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
 from cmasd.errors import UsageError
 from cmasd.layers.transformer import (  # noqa: F401  (some kept for older imports)
-    FUSED_ATTENTION_MIN_PAIRS, Linear, PreparedLayer, additive_mask, check_supported_encoder_layer,
+    FUSED_ATTENTION_MIN_PAIRS, Linear, PreparedLayer, Ragged, additive_mask, check_supported_encoder_layer,
     check_supported_layer, decoder_layer, embed, exact_power_of_two,
 )
 
@@ -109,14 +109,16 @@ class DecodingDecoder:
         cross_bias: Optional[Tensor],
         first: int = 0,
         last: Optional[int] = None,
+        ragged: Optional[Ragged] = None,
     ) -> Tensor:
-        """Layers ``first`` .. ``last`` - 1 (default: all): (B, T, C) -> (B, T, C)."""
+        """Layers ``first`` .. ``last`` - 1 (default: all): (B, T, C) -> (B, T, C); with
+        ``ragged``, the block's counting positions packed, (N, C) -> (N, C)."""
 
         def keys(index: int, kv_new: Tensor):
             return (*self_keys(index, kv_new), self_bias)
 
         for index in range(first, len(self.layers) if last is None else last):
-            x = self.layers[index].forward(x, keys, cross[index], cross_bias, index)
+            x = self.layers[index].forward(x, keys, cross[index], cross_bias, index, ragged)
         return x
 
     def block_states(
@@ -130,15 +132,17 @@ class DecodingDecoder:
         cross_bias: Optional[Tensor],
         first: int = 0,
         last: Optional[int] = None,
+        ragged: Optional[Ragged] = None,
     ) -> Tensor:
         """Layers ``first`` .. ``last`` - 1 (default: all) over a block x (B, T, C) whose new
         keys and values go into each layer's cache ``kv`` (B, 2H, capacity, d) at ``where``
         (B, 2H, T, d) (sequence positions), the queries seeing cache positions < ``used``
         through ``self_bias`` (B, 1, T, used). All layers in one C++ call where the gemv
-        kernels' fused layers take a block this small, else layer by layer."""
+        kernels' fused layers take a block this small, else layer by layer. With ``ragged``
+        (layer by layer only), x and the result are the counting positions packed (N, C)."""
         last = len(self.layers) if last is None else last
         fused = self.fused_range(first, last)
-        if fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
+        if ragged is None and fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
             return fused.states(x, kv[first:last], where, used, self_bias, [k for k, _ in cross[first:last]],
                                 [v for _, v in cross[first:last]], cross_bias)
         heads = self.heads
@@ -148,7 +152,11 @@ class DecodingDecoder:
             cache.scatter_(2, where, kv_new)
             return cache[:, :heads, :used], cache[:, heads:, :used]  # (B, H, used, d) each
 
-        return self.states(x, self_keys, self_bias, cross, cross_bias, first, last)
+        return self.states(x, self_keys, self_bias, cross, cross_bias, first, last, ragged)
+
+    def takes_whole(self, rows: int) -> bool:
+        """Whether a block of ``rows`` rows (batch x positions) runs in the fused C++ call."""
+        return self.fused is not None and rows <= GEMV_MAX_ROWS
 
     def fused_range(self, first: int, last: int):
         """The C++ call of layers ``first`` .. ``last`` - 1 (a self-speculative drafter runs

@@ -31,6 +31,7 @@ Boolean masks are ``True`` where a query may attend to a key, shaped
 """
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -89,6 +90,45 @@ def merge_heads(x: Tensor) -> Tensor:
     """(B, H, T, d) -> (B, T, H * d)."""
     bsz, heads, length, dim = x.shape
     return x.transpose(1, 2).reshape(bsz, length, heads * dim)
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Where a block's rows send fewer positions than its width: the positions that count,
+    ``index`` (N,) into the block's B x T positions flattened. The position-wise parts of
+    a layer (its linear layers, layer norms, residual sums, feed-forward) run on those N
+    positions alone, packed (N, C); attention, which needs each row's positions in order,
+    runs on the block (B, T, ...) with the others zero (masked or never read). A verify
+    pass then costs the positions rows send, not B x the widest row's block."""
+
+    index: Tensor  # (N,) long, increasing
+    rows: int
+    length: int
+
+    @classmethod
+    def of(cls, valid: Tensor) -> Optional["Ragged"]:
+        """The layout of a block whose positions ``valid`` (B, T) bool count (a prefix of
+        each row); None where every position counts."""
+        if bool(valid.all()):
+            return None
+        return cls(valid.flatten().nonzero().flatten(), valid.size(0), valid.size(1))
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, T, K) -> (N, K)."""
+        return x.reshape(self.rows * self.length, x.size(-1)).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(N, K) -> (B, T, K), zero where positions do not count."""
+        out = x.new_zeros(self.rows * self.length, x.size(-1))
+        return out.index_copy_(0, self.index, x).view(self.rows, self.length, x.size(-1))
+
+
+def packed(x: Tensor, ragged: Optional[Ragged]) -> Tensor:
+    return x if ragged is None else ragged.pack(x)
+
+
+def unpacked(x: Tensor, ragged: Optional[Ragged]) -> Tensor:
+    return x if ragged is None else ragged.unpack(x)
 
 
 def attend(
@@ -183,13 +223,14 @@ class TransformerLayer:
     self_attention_dropout: Optional[Callable[[Tensor], Tensor]] = None
     cross_attention_dropout: Optional[Callable[[Tensor], Tensor]] = None
 
-    def project_self(self, x: Tensor) -> Tuple[Tensor, Any]:
-        """x (B, T, C) -> the scaled queries (B, H, T, d) and the new keys and values in
-        the form the backend's ``SelfKeys`` take."""
+    def project_self(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tuple[Tensor, Any]:
+        """x (B, T, C) (with ``ragged``, packed (N, C)) -> the scaled queries (B, H, T, d)
+        and the new keys and values in the form the backend's ``SelfKeys`` take."""
         raise NotImplementedError
 
-    def project_cross(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> the scaled encoder-attention queries (B, H, T, d)."""
+    def project_cross(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tensor:
+        """x (B, T, C) (with ``ragged``, packed (N, C)) -> the scaled encoder-attention
+        queries (B, H, T, d)."""
         raise NotImplementedError
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
@@ -204,14 +245,16 @@ class TransformerLayer:
         cross: Optional[Tuple[Tensor, Tensor]] = None,
         cross_mask: Optional[Tensor] = None,
         index: int = 0,
+        ragged: Optional[Ragged] = None,
     ) -> Tensor:
         """x (B, T, C) -> (B, T, C). ``self_keys(index, new)`` stores this layer's new keys
         and values where the caller keeps them and returns those the queries see and their
         mask; ``cross``: this layer's encoder keys and values (B, H, S, d) each, with
-        ``cross_mask`` (B, 1, 1, S) (None: no encoder attention)."""
-        x = self.residual(x, self.self_norm, self.self_attention, self_keys, index)
+        ``cross_mask`` (B, 1, 1, S) (None: no encoder attention). With ``ragged``, x and the
+        result are the block's counting positions packed, (N, C)."""
+        x = self.residual(x, self.self_norm, self.self_attention, self_keys, index, ragged)
         if self.has_cross and cross is not None:
-            x = self.residual(x, self.cross_norm, self.cross_attention, cross, cross_mask)
+            x = self.residual(x, self.cross_norm, self.cross_attention, cross, cross_mask, ragged)
         return self.residual(x, self.final_norm, self.feed_forward)
 
     def residual(self, x: Tensor, norm: Callable[[Tensor], Tensor], sublayer: Callable[..., Tensor], *args) -> Tensor:
@@ -225,15 +268,17 @@ class TransformerLayer:
             x = norm(x)
         return x
 
-    def self_attention(self, x: Tensor, self_keys: SelfKeys, index: int) -> Tensor:
-        q, new = self.project_self(x)  # (B, H, T, d), the new keys and values
+    def self_attention(self, x: Tensor, self_keys: SelfKeys, index: int, ragged: Optional[Ragged] = None) -> Tensor:
+        q, new = self.project_self(x, ragged)  # (B, H, T, d), the new keys and values
         keys, values, mask = self_keys(index, new)  # (B, H, Tk, d) each
-        return self.self_out(merge_heads(self.attend(q, keys, values, mask, self.self_attention_dropout)))
+        attended = merge_heads(self.attend(q, keys, values, mask, self.self_attention_dropout))  # (B, T, C)
+        return self.self_out(packed(attended, ragged))
 
-    def cross_attention(self, x: Tensor, cross: Tuple[Tensor, Tensor], cross_mask: Optional[Tensor]) -> Tensor:
-        q = self.project_cross(x)  # (B, H, T, d)
-        return self.cross_out(merge_heads(self.attend(q, cross[0], cross[1], cross_mask,
-                                                      self.cross_attention_dropout)))  # (B, T, C)
+    def cross_attention(self, x: Tensor, cross: Tuple[Tensor, Tensor], cross_mask: Optional[Tensor],
+                        ragged: Optional[Ragged] = None) -> Tensor:
+        q = self.project_cross(x, ragged)  # (B, H, T, d)
+        attended = merge_heads(self.attend(q, cross[0], cross[1], cross_mask, self.cross_attention_dropout))
+        return self.cross_out(packed(attended, ragged))  # (B, T, C), or (N, C)
 
     def feed_forward(self, x: Tensor) -> Tensor:
         x = self.fc1(x)  # (B, T, F)
@@ -264,14 +309,14 @@ class ModuleLayer(TransformerLayer):
         self.dropout = layer.dropout_module
         self.activation_dropout = layer.activation_dropout_module
 
-    def project_self(self, x: Tensor) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
-        attn, heads = self.self_attn, self.heads
+    def project_self(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        attn, heads, x = self.self_attn, self.heads, unpacked(x, ragged)
         q = split_heads(attn.q_proj(x) * attn.scaling, heads)  # (B, H, T, d)
         return q, (split_heads(attn.k_proj(x), heads), split_heads(attn.v_proj(x), heads))
 
-    def project_cross(self, x: Tensor) -> Tensor:
+    def project_cross(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tensor:
         enc = self.encoder_attn
-        return split_heads(enc.q_proj(x) * enc.scaling, enc.num_heads)  # (B, H, T, d)
+        return split_heads(enc.q_proj(unpacked(x, ragged)) * enc.scaling, enc.num_heads)  # (B, H, T, d)
 
     def attend(self, q, k, v, mask, dropout):
         return attend(q, k, v, mask, dropout)
@@ -322,20 +367,22 @@ class PreparedLayer(TransformerLayer):
         self.fc2 = linear(layer.fc2.weight, layer.fc2.bias)
         self.final_norm = layer.final_layer_norm
 
-    def qkv_heads(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> the fused projection's heads (B, 3H, T, d): queries, keys, values."""
-        bsz, length, _ = x.shape
-        return self.qkv(x).view(bsz, length, 3 * self.heads, self.head_dim).transpose(1, 2)
+    def qkv_heads(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tensor:
+        """x (B, T, C) (or packed (N, C) with ``ragged``) -> the fused projection's heads
+        (B, 3H, T, d): queries, keys, values."""
+        qkv = unpacked(self.qkv(x), ragged)  # (B, T, 3C)
+        bsz, length, _ = qkv.shape
+        return qkv.view(bsz, length, 3 * self.heads, self.head_dim).transpose(1, 2)
 
-    def project_self(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        qkv = self.qkv_heads(x)  # (B, 3H, T, d)
+    def project_self(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tuple[Tensor, Tensor]:
+        qkv = self.qkv_heads(x, ragged)  # (B, 3H, T, d)
         q = qkv[:, :self.heads]  # (B, H, T, d)
         if self.self_scaling is not None:
             q = q * self.self_scaling
         return q, qkv[:, self.heads:]  # (B, 2H, T, d)
 
-    def project_cross(self, x: Tensor) -> Tensor:
-        q = split_heads(self.cross_q(x), self.heads)  # (B, H, T, d)
+    def project_cross(self, x: Tensor, ragged: Optional[Ragged] = None) -> Tensor:
+        q = split_heads(unpacked(self.cross_q(x), ragged), self.heads)  # (B, H, T, d)
         return q if self.cross_scaling is None else q * self.cross_scaling
 
     def attend(self, q, k, v, mask, dropout):
