@@ -39,12 +39,12 @@ def test_prepared_linear_computes_the_linear_layer(kernels, relu):
 
 
 @needs_gemv
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 37])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 13, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 37])
 @pytest.mark.parametrize("features", [(24, 40), (256, 1024), (1024, 256), (40, 8000)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_gemv_computes_the_linear_layer_at_every_row_count(rows, features, bias):
-    """Each row count the kernel blocks differently (4 rows at a time, then 3, 2 or 1),
-    inputs not a multiple of its 16-wide chunks, past GEMV_MAX_ROWS the packed kernel."""
+    """GemvLinear: the panel kernel up to GEMV_MAX_ROWS rows (no bias: a zero one), the
+    packed kernel past it; a non-contiguous input."""
     torch.manual_seed(rows)
     plain = nn.Linear(*features, bias=bias)
     x = torch.randn(rows, features[0])[:, None, :].expand(rows, 2, features[0])[:, 0]  # (rows, in), not contiguous
@@ -52,6 +52,104 @@ def test_gemv_computes_the_linear_layer_at_every_row_count(rows, features, bias)
         expected = F.relu(plain(x))
         got = prepared_linear(plain.weight, plain.bias, "gemv", relu=True)(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * math.sqrt(features[0]))
+
+
+def isas():
+    """The instruction sets panel_linear runs on this CPU (avx2; avx512f where it has it)."""
+    if GEMV_OBSTACLE is not None:
+        return []
+    module = extension.load()[0]
+    default = module.panel_isa()
+    try:
+        return ["avx2"] + (["avx512f"] if module.panel_isa("avx512f") == "avx512f" else [])
+    except RuntimeError:
+        return ["avx2"]
+    finally:
+        module.panel_isa(default)
+
+
+@pytest.fixture(params=isas() or [pytest.param(None, marks=needs_gemv)])
+def panel_kernel(request):
+    """The extension module with panel_linear on one instruction set (set back afterwards)."""
+    module = extension.load()[0]
+    default = module.panel_isa()
+    module.panel_isa(request.param)
+    yield module
+    module.panel_isa(default)
+
+
+def float32_bound(x, weight, bias):
+    """|fl(x W^T + b) - (x W^T + b)| <= gamma_n (|x| |W|^T + |b|), gamma_n = n u / (1 - n u),
+    u = 2^-24, n = in + 2: a sum of in products in any order, the bias, the rounding to
+    float32 (recursive summation's bound, Higham, Accuracy and Stability of Numerical
+    Algorithms, eq. 3.5; a fused multiply-add rounds once where a product and a sum would
+    twice)."""
+    n, u = x.size(-1) + 2, 2.0 ** -24
+    return n * u / (1 - n * u) * (x.double().abs() @ weight.double().abs().T + bias.double().abs())
+
+
+@pytest.mark.parametrize("in_features", [1, 7, 17, 256, 1000])
+@pytest.mark.parametrize("out_features", [1, 15, 17, 8000])
+def test_panel_linear_computes_the_linear_layer_at_every_row_count(panel_kernel, in_features, out_features):
+    """Every row count from 0 to 40 (each a different split into register tiles: up to 6
+    rows with AVX2, 12 with AVX-512, then the rest), inputs of any width, outputs not a
+    multiple of the 16-wide panels (zero padded), ReLU on and off: float64's x W^T + b
+    within float32's error bound."""
+    generator = torch.Generator().manual_seed(in_features * 10007 + out_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    x = torch.randn(40, in_features, generator=generator)
+    panels = panel_kernel.pack_panels(weight)  # (ceil(out / 16), in, 16)
+    assert panels.shape == (-(-out_features // 16), in_features, 16)
+    exact = F.linear(x.double(), weight.double(), bias.double())  # (40, out)
+    bound = float32_bound(x, weight, bias)  # (40, out)
+    for relu in (False, True):
+        expected = F.relu(exact) if relu else exact
+        for rows in range(41):
+            got = panel_kernel.panel_linear(x[:rows], panels, bias, relu)  # (rows, out)
+            assert got.shape == (rows, out_features) and got.dtype == torch.float32
+            error = (got.double() - expected[:rows]).abs()
+            assert (error <= bound[:rows]).all(), f"rows {rows}, relu {relu}: {(error - bound[:rows]).max()}"
+            if relu:
+                assert (got >= 0).all()
+
+
+@needs_gemv
+def test_panel_linear_keeps_the_leading_dimensions_and_reads_strided_inputs():
+    module = extension.load()[0]
+    torch.manual_seed(3)
+    weight, bias = torch.randn(40, 24), torch.randn(40)
+    x = torch.randn(3, 5, 48)[..., ::2]  # (3, 5, 24), not contiguous
+    got = module.panel_linear(x, module.pack_panels(weight), bias, False)  # (3, 5, 40)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=0, atol=1e-5)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        module.panel_linear(x, module.pack_panels(weight), bias[:32], False)  # 2 panels of outputs, not 3
+    with pytest.raises(RuntimeError, match="avx2, or avx512f"):
+        module.panel_isa("sse2")
+
+
+@pytest.mark.parametrize("features", [(256, 256), (256, 8000), (1000, 17), (7, 15)])
+def test_panel_linear_rows_do_not_depend_on_the_rows_beside_them(panel_kernel, features):
+    """Each output is one chain of fused multiply-adds over the inputs in order, whatever
+    register tile its row falls in: a row computed alone and inside a call of 2 to 40 rows
+    gives the same bits (a verify block scores as its rows one by one would), and so does
+    the other instruction set."""
+    generator = torch.Generator().manual_seed(features[1])
+    weight, bias = torch.randn(features[1], features[0], generator=generator), torch.randn(features[1], generator=generator)
+    x = torch.randn(40, features[0], generator=generator)
+    panels = panel_kernel.pack_panels(weight)
+    alone = torch.cat([panel_kernel.panel_linear(x[r:r + 1], panels, bias, True) for r in range(40)])  # (40, out)
+    for rows in (2, 5, 7, 12, 13, 16, 40):
+        assert torch.equal(panel_kernel.panel_linear(x[:rows], panels, bias, True), alone[:rows]), rows
+    block = x[3:19]  # 16 rows from the middle: another split into tiles for each row
+    assert torch.equal(panel_kernel.panel_linear(block, panels, bias, True), alone[3:19])
+    for isa in isas():
+        default = panel_kernel.panel_isa()
+        panel_kernel.panel_isa(isa)
+        try:
+            assert torch.equal(panel_kernel.panel_linear(x, panels, bias, True), alone), isa
+        finally:
+            panel_kernel.panel_isa(default)
 
 
 def test_prepared_linear_copies_the_weights():

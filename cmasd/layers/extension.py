@@ -1,6 +1,6 @@
-"""The ``gemv`` kernels' C++ extension: ``csrc/decoding.cpp`` (``small_linear``, the
-matrix-vector linear layer, and ``FusedDecoder``, a decoder's layers in one call),
-compiled on first use.
+"""The ``gemv`` kernels' C++ extension: ``csrc/decoding.cpp`` (``pack_panels`` and
+``panel_linear``, the linear layer for a few rows on weights packed once, and
+``FusedDecoder``, a decoder's layers in one call), compiled on first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
@@ -19,7 +19,7 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
-NAME = "cmasd_decoding_v3"  # a new name when the source's interface changes
+NAME = "cmasd_decoding_v4"  # a new name when the source's interface changes
 
 
 def cpu_obstacle() -> Optional[str]:

@@ -11,10 +11,11 @@ can also run int8 weights (PyTorch dynamic quantization).
 
 At one to a few positions (batch size 1) even the packed kernel spends most of a call on
 dispatch: 1.4 ms for the verifier's 37 linear layers at one position, where streaming
-their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.layers.extension``, a C++ kernel
-compiled on first use) computes up to ``GEMV_MAX_ROWS`` rows as a row-parallel
-matrix-vector product (0.45-0.6 ms for the same layers) and hands larger inputs to the
-packed kernel. ``auto`` picks it where it builds.
+their 30 MB takes 0.3 ms. ``gemv`` (``cmasd.layers.extension``, a C++ kernel compiled on
+first use) computes up to ``GEMV_MAX_ROWS`` rows on weights packed once into panels of 16
+output features (``pack_panels``, ``panel_linear``): each call reads the weights once,
+whatever its rows, so that a verify block of 16 positions costs little more than one
+position, and hands larger inputs to the packed kernel. ``auto`` picks it where it builds.
 
 ``prepared_linear`` builds one inference-only linear layer (weights copied, no
 gradients) on a chosen kernel; ``cmasd.layers.prepared.DecodingDecoder`` builds every layer
@@ -43,10 +44,9 @@ logger = logging.getLogger(__name__)
 
 # --spec-kernels (the verifier's decoder and a float32 drafter)
 KERNEL_CHOICES = ("auto", "gemv", "packed", "native")
-# Inputs of at most this many rows (batch x positions) take the gemv kernel; above, its
-# one-row-at-a-time arithmetic loses to oneDNN's blocked GEMM (measured: 4 rows 0.7 ms,
-# 6 rows 1.35 ms against 1.6-1.7 ms packed, 16 rows 3.2-4 ms against 2.4 ms, for the
-# verifier's 37 layers on 2 AMD EPYC cores).
+# Inputs of at most this many rows (batch x positions) take the gemv kernel, and blocks
+# of at most this many rows the fused C++ layers (cmasd.layers.prepared); larger ones the
+# packed kernel, layer by layer.
 GEMV_MAX_ROWS = 8
 
 
@@ -128,22 +128,25 @@ class PackedLinear(nn.Module):
 
 
 class GemvLinear(PackedLinear):
-    """``gemv`` (``cmasd.layers.extension``) for inputs of at most ``GEMV_MAX_ROWS``
-    rows, the packed oneDNN kernel above; ReLU fused into both."""
+    """``gemv`` (``cmasd.layers.extension``'s ``panel_linear`` on the weights packed into
+    panels once, here) for inputs of at most ``GEMV_MAX_ROWS`` rows, the packed oneDNN
+    kernel above; ReLU fused into both. A row's outputs do not depend on the rows beside
+    it in the call (bit for bit) below the threshold."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
         super().__init__(weight, bias, relu)
         module = extension.load()[0]
         if module is None:
             raise ValueError(f"the gemv kernel is unavailable: {extension.load()[1]}")
-        self.gemv = module.small_linear
-        self.weight = weight.float().contiguous()
-        self.gemv_bias = self.weight.new_zeros(self.out_features) if bias is None else bias.float().contiguous()
+        self.gemv = module.panel_linear
+        self.panels = module.pack_panels(weight.float().contiguous())  # (ceil(out / 16), in, 16)
+        self.gemv_bias = (torch.zeros(self.out_features, dtype=torch.float32) if bias is None
+                          else bias.float().contiguous())  # (out,)
         self.relu = relu
 
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() <= GEMV_MAX_ROWS * self.in_features and x.dtype == torch.float32:
-            return self.gemv(x, self.weight, self.gemv_bias, self.relu)
+            return self.gemv(x, self.panels, self.gemv_bias, self.relu)
         return super().forward(x)
 
 

@@ -197,11 +197,11 @@ def fused_layers(layers: List[DecodingLayer]):
         norms = [layer.self_norm] + ([layer.cross_norm] if layer.has_cross else []) + [layer.final_norm]
         if any(not isinstance(norm, torch.nn.LayerNorm) or norm.weight is None for norm in norms):
             return None
-        tensors = [layer.qkv.weight, layer.qkv.gemv_bias, layer.self_out.weight, layer.self_out.gemv_bias,
+        tensors = [layer.qkv.panels, layer.qkv.gemv_bias, layer.self_out.panels, layer.self_out.gemv_bias,
                    layer.self_norm.weight.detach(), layer.self_norm.bias.detach()]
-        tensors += [t for linear in cross for t in (linear.weight, linear.gemv_bias)] or [empty] * 4
+        tensors += [t for linear in cross for t in (linear.panels, linear.gemv_bias)] or [empty] * 4
         tensors += [layer.cross_norm.weight.detach(), layer.cross_norm.bias.detach()] if layer.has_cross else [empty] * 2
-        tensors += [layer.fc1.weight, layer.fc1.gemv_bias, layer.fc2.weight, layer.fc2.gemv_bias,
+        tensors += [layer.fc1.panels, layer.fc1.gemv_bias, layer.fc2.panels, layer.fc2.gemv_bias,
                     layer.final_norm.weight.detach(), layer.final_norm.bias.detach()]
         eps = [norm.eps for norm in (layer.self_norm, layer.cross_norm if layer.has_cross else layer.self_norm,
                                      layer.final_norm)]

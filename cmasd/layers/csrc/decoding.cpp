@@ -1,10 +1,19 @@
-// The C++ side of cmasd's decoding at a few rows (batch size 1: one to a few positions).
+// The C++ side of cmasd's decoding at a few rows (batch size 1: one to a few positions; a
+// verify block of up to 16 positions; ragged rows at batch > 1).
 //
-// small_linear: y = x W^T + b (ReLU optional). oneDNN and MKL spend most of such a call
-// on dispatch and blocking meant for large matrices; this kernel streams each weight row
-// once, splitting the output features over torch's intra-op threads, and reuses the row
-// for up to four input rows held in registers. AVX2 + FMA through GCC vector extensions
-// (compiled with -mavx2 -mfma; the loader checks the CPU first).
+// panel_linear: y = x W^T + b (ReLU optional) on weights packed once by pack_panels. oneDNN
+// and MKL spend most of such a call on dispatch and blocking meant for large matrices, and a
+// matrix-vector kernel reads the weights once per row or few rows; this one reads them once
+// per call. The weights are stored in panels of 16 output features, each panel [in][16]
+// (zero padded past out_features); torch's intra-op threads split the panels, and a thread
+// takes CHUNK panels through every row of x before the next ones (they stay in L2 while the
+// next chunk is prefetched). A register tile of a few rows x 16 to 64 outputs takes, per
+// input feature i, x[r][i] broadcast and one fused multiply-add per vector of the panel's
+// row i: no horizontal sums, and the FMA pipes busy from about 4 rows on. A pass over 16
+// rows thus reads the weights once, as a pass over one row does, and costs more only where
+// its arithmetic takes longer than that read. AVX2 + FMA (the build's -mavx2 -mfma; the loader checks the CPU
+// first), and 512-bit vectors with twice the rows per tile where the CPU has AVX-512F
+// (chosen at run time; the same results, bit for bit).
 //
 // FusedDecoder: the C++ backend of cmasd.layers.transformer.TransformerLayer. The layers
 // of a cmasd.layers.prepared.DecodingDecoder (PreparedLayers on gemv kernels, post- or
@@ -15,74 +24,224 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 typedef float v8 __attribute__((vector_size(32)));
 
 static inline v8 load8(const float* p) { v8 v; __builtin_memcpy(&v, p, 32); return v; }
 
-// acc[r] = dot(w, x + r * in) for the R input rows x .. x + (R - 1) * in
-template <int R>
-static inline void dots(const float* w, const float* x, int64_t in, float* acc) {
-  v8 a[R][2];
-  for (int r = 0; r < R; ++r) { a[r][0] = (v8){0}; a[r][1] = (v8){0}; }
+// dot(a, b) over n floats: two 8-wide partial sums, reduced at the end (attend's q k)
+static inline float dot(const float* a, const float* b, int64_t n) {
+  v8 s0 = {0}, s1 = {0};
   int64_t i = 0;
-  for (; i + 16 <= in; i += 16) {
-    const v8 w0 = load8(w + i), w1 = load8(w + i + 8);
-    for (int r = 0; r < R; ++r) {
-      a[r][0] += w0 * load8(x + r * in + i);
-      a[r][1] += w1 * load8(x + r * in + i + 8);
-    }
+  for (; i + 16 <= n; i += 16) {
+    s0 += load8(a + i) * load8(b + i);
+    s1 += load8(a + i + 8) * load8(b + i + 8);
   }
-  for (int r = 0; r < R; ++r) {
-    const v8 v = a[r][0] + a[r][1];
-    float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-    for (int64_t j = i; j < in; ++j) s += w[j] * x[r * in + j];
-    acc[r] = s;
+  const v8 v = s0 + s1;
+  float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// ---- panel_linear ----
+// Written once with GCC's generic vectors: 8 floats (a ymm register) for AVX2, 16 (a zmm
+// register) in a function compiled for AVX-512F.
+
+typedef float v16 __attribute__((vector_size(64)));
+
+#define KERNEL inline __attribute__((always_inline))  // inlined into each ISA's entry point
+
+constexpr int64_t PANEL = 16;  // output features per panel
+constexpr int64_t CHUNK = 4;   // panels a thread takes through every row before the next ones (L2)
+
+// The vectors and register tiles of an ISA: rows x panels with V accumulators each (V
+// vectors per panel row), plus V per panel of weights and a broadcast, within its vector
+// registers (16 ymm for AVX2: 6 rows x 1 panel = 12 accumulators; 32 zmm for AVX-512F:
+// 12 x 2 = 24), more panels at fewer rows for more independent chains of fused
+// multiply-adds (8 keep 2 pipes of 4 cycles busy) where GCC does not spill them.
+template <bool WIDE> struct Isa {
+  typedef typename std::conditional<WIDE, v16, v8>::type vec;
+  static constexpr int V = PANEL * sizeof(float) / sizeof(vec);
+  static constexpr int rows = WIDE ? 12 : 6;
+  static constexpr int panels(int r) { return WIDE ? (r == 1 ? 4 : 2) : (r == 1 ? 4 : r == 2 ? 2 : 1); }
+};
+
+// Rows in register tiles: ceil(rows / most) groups as even as can be (16 rows: 6 + 5 + 5
+// with AVX2, 8 + 8 with AVX-512F; a small last group would run below the FMA pipes' rate).
+// Group g has group_rows(...) rows.
+static inline int64_t group_rows(int64_t rows, int64_t groups, int64_t g) {
+  return rows / groups + (g < rows % groups ? 1 : 0);
+}
+
+// One panel_linear call: x (rows, in), panels (P, in, 16), bias (out), y (rows, out).
+struct PanelCall {
+  const float *x, *w, *bias;
+  float* y;
+  int64_t rows, in, out;
+  bool relu;
+};
+
+// y[o .. o + valid - 1] = s + bias (ReLU optional) for the last, partial panel: the same
+// additions as the vector path, element by element
+__attribute__((noinline)) static void finish_partial(const float* s, const float* bias, float* y, int64_t valid, bool relu) {
+  for (int64_t k = 0; k < valid; ++k) {
+    const float v = s[k] + bias[k];
+    y[k] = (relu && v < 0.f) ? 0.f : v;
   }
 }
 
-torch::Tensor small_linear(torch::Tensor x, torch::Tensor weight, torch::Tensor bias, bool relu) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat &&
-              bias.scalar_type() == torch::kFloat, "small_linear: float32 only");
-  TORCH_CHECK(weight.is_contiguous() && bias.is_contiguous() && !x.is_cuda(), "small_linear: contiguous CPU tensors");
-  const int64_t out_features = weight.size(0), in = weight.size(1);
-  TORCH_CHECK(x.size(-1) == in && bias.numel() == out_features, "small_linear: shapes do not match");
-  const auto xc = x.contiguous();
-  const int64_t rows = xc.numel() / in;
-  auto sizes = x.sizes().vec();
-  sizes.back() = out_features;
-  auto out = torch::empty(sizes, x.options());
-  const float* xp = xc.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  const float* bp = bias.data_ptr<float>();
-  float* yp = out.data_ptr<float>();
-  at::parallel_for(0, out_features, 64, [&](int64_t begin, int64_t end) {
-    float acc[4];
-    for (int64_t o = begin; o < end; ++o) {
-      const float* w = wp + o * in;
-      for (int64_t m = 0; m < rows; m += 4) {
-        const int64_t r = std::min<int64_t>(4, rows - m);
-        if (r == 4) dots<4>(w, xp + m * in, in, acc);
-        else if (r == 3) dots<3>(w, xp + m * in, in, acc);
-        else if (r == 2) dots<2>(w, xp + m * in, in, acc);
-        else dots<1>(w, xp + m * in, in, acc);
-        for (int64_t k = 0; k < r; ++k) {
-          const float v = acc[k] + bp[o];
-          yp[(m + k) * out_features + o] = (relu && v < 0.f) ? 0.f : v;
-        }
+// Outputs o0 .. o0 + 16 C - 1 of the R rows from x: C panels from w (the first, panel o0 / 16),
+// plus bias, ReLU optional (columns past out dropped). Each output is one chain of fused
+// multiply-adds over i = 0 .. in - 1 in order, from 0, then + bias: the same operations
+// whatever the tile, the ISA or the rows around it, so that a row's outputs do not depend
+// on how many rows share the call (bit for bit). Prefetches C in lines from ``ahead`` floats
+// after w into L2, C a step (the next chunk's lines of these panels).
+template <bool WIDE, int R, int C>
+static KERNEL void tile(const PanelCall& a, const float* x, const float* w, float* y, int64_t o0, int64_t ahead) {
+  typedef typename Isa<WIDE>::vec vec;
+  constexpr int V = Isa<WIDE>::V, L = PANEL / V;  // vectors per panel row, lanes per vector
+  const int64_t in = a.in;
+  const float* next = w + ahead;  // C in lines, C a step
+  vec acc[R][C * V] = {};
+  for (int64_t i = 0; i < in; ++i) {
+    vec wv[C * V];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) __builtin_memcpy(&wv[c * V + v], w + (c * in + i) * PANEL + v * L, sizeof(vec));
+      __builtin_prefetch(next + (i * C + c) * PANEL, 0, 2);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float s = x[r * in + i];
+#pragma GCC unroll 16
+      for (int j = 0; j < C * V; ++j) acc[r][j] += wv[j] * s;  // contracted to one fused multiply-add
+    }
+  }
+  const vec zero = {};
+#pragma GCC unroll 16
+  for (int j = 0; j < C * V; ++j) {
+    const int64_t o = o0 + j * L, valid = std::min<int64_t>(L, a.out - o);
+    if (valid <= 0) break;
+    if (valid == L) {
+      vec b;
+      __builtin_memcpy(&b, a.bias + o, sizeof(vec));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        vec v = acc[r][j] + b;
+        if (a.relu) v = v < zero ? zero : v;  // NaN stays NaN
+        __builtin_memcpy(y + r * a.out + o, &v, sizeof(vec));
+      }
+    } else {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        float s[L];
+        __builtin_memcpy(s, &acc[r][j], sizeof(vec));
+        finish_partial(s, a.bias + o, y + r * a.out + o, valid, a.relu);
       }
     }
+  }
+}
+
+// R rows through n panels from panel p: tiles of C panels, then of C / 2, ...
+template <bool WIDE, int R, int C>
+static KERNEL void panels_of(const PanelCall& a, const float* x, float* y, int64_t p, int64_t n, int64_t ahead) {
+  int64_t q = 0;
+  for (; q + C <= n; q += C) tile<WIDE, R, C>(a, x, a.w + (p + q) * a.in * PANEL, y, (p + q) * PANEL, ahead);
+  if constexpr (C > 1) panels_of<WIDE, R, C / 2>(a, x, y, p + q, n - q, ahead);
+}
+
+// the last rows of x (R or fewer: r of them) through n panels from panel p
+template <bool WIDE, int R>
+static KERNEL void row_group(const PanelCall& a, int64_t m, int64_t r, int64_t p, int64_t n, int64_t ahead) {
+  if (r == R || R == 1) {
+    panels_of<WIDE, R, Isa<WIDE>::panels(R)>(a, a.x + m * a.in, a.y + m * a.out, p, n, ahead);
+  } else if constexpr (R > 1) {
+    row_group<WIDE, R - 1>(a, m, r, p, n, ahead);
+  }
+}
+
+// Panels begin .. end - 1 for every row.
+template <bool WIDE>
+static KERNEL void panel_range(const PanelCall& a, int64_t begin, int64_t end) {
+  constexpr int64_t most = Isa<WIDE>::rows;
+  const int64_t groups = (a.rows + most - 1) / most;
+  for (int64_t p = begin; p < end; p += CHUNK) {
+    const int64_t n = std::min(CHUNK, end - p);
+    const int64_t ahead = p + CHUNK < end ? CHUNK * a.in * PANEL : 0;  // the next chunk's lines
+    for (int64_t g = 0, m = 0; g < groups; m += group_rows(a.rows, groups, g++)) {
+      row_group<WIDE, most>(a, m, group_rows(a.rows, groups, g), p, n, ahead);
+    }
+  }
+}
+
+static void panel_range_avx2(const PanelCall& a, int64_t begin, int64_t end) { panel_range<false>(a, begin, end); }
+
+__attribute__((target("avx512f"))) static void panel_range_avx512(const PanelCall& a, int64_t begin, int64_t end) {
+  panel_range<true>(a, begin, end);
+}
+
+static std::atomic<bool> use_avx512{__builtin_cpu_supports("avx512f")};
+
+// The instruction set panel_linear uses ("avx512f" or "avx2"); ``choose``, if given, selects
+// one (for tests and benchmarks: their results are the same, bit for bit).
+std::string panel_isa(const std::string& choose) {
+  if (!choose.empty()) {
+    TORCH_CHECK(choose == "avx2" || (choose == "avx512f" && __builtin_cpu_supports("avx512f")),
+                "panel_isa: avx2, or avx512f where the CPU has it; not ", choose);
+    use_avx512 = choose == "avx512f";
+  }
+  return use_avx512 ? "avx512f" : "avx2";
+}
+
+// weight (out, in) -> panels (ceil(out / 16), in, 16): panel p, row i holds
+// weight[16 p .. 16 p + 15][i], zeros past out.
+torch::Tensor pack_panels(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat && !weight.is_cuda(),
+              "pack_panels: a float32 CPU matrix (out, in)");
+  const int64_t out_features = weight.size(0), in = weight.size(1), panels = (out_features + PANEL - 1) / PANEL;
+  auto padded = torch::zeros({panels * PANEL, in}, weight.options());
+  padded.slice(0, 0, out_features).copy_(weight);
+  return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, in, 16)
+}
+
+// x (..., in), panels (P, in, 16) of pack_panels, bias (out,) -> (..., out)
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor bias, bool relu) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && panels.scalar_type() == torch::kFloat &&
+              bias.scalar_type() == torch::kFloat, "panel_linear: float32 only");
+  TORCH_CHECK(panels.is_contiguous() && bias.is_contiguous() && !x.is_cuda() && !panels.is_cuda() && !bias.is_cuda(),
+              "panel_linear: contiguous CPU tensors");
+  TORCH_CHECK(panels.dim() == 3 && panels.size(2) == PANEL && bias.dim() == 1 &&
+              panels.size(0) == (bias.numel() + PANEL - 1) / PANEL && x.dim() >= 1 && x.size(-1) == panels.size(1),
+              "panel_linear: shapes do not match");
+  const auto xc = x.contiguous();
+  auto sizes = x.sizes().vec();
+  sizes.back() = bias.numel();
+  auto out = torch::empty(sizes, x.options());
+  const int64_t rows = xc.numel() ? xc.numel() / xc.size(-1) : out.numel() ? out.numel() / bias.numel() : 0;
+  if (out.numel() == 0) return out;
+  const bool wide = use_avx512;
+  const PanelCall a{xc.data_ptr<float>(), panels.data_ptr<float>(), bias.data_ptr<float>(), out.data_ptr<float>(),
+                    rows, panels.size(1), bias.numel(), relu};
+  at::parallel_for(0, panels.size(0), CHUNK, [&](int64_t begin, int64_t end) {
+    if (wide) panel_range_avx512(a, begin, end);
+    else panel_range_avx2(a, begin, end);
   });
   return out;
 }
 
 namespace {
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool relu) {
-  return small_linear(x, w, b, relu);
+// x (..., in) -> (..., out) on panels of pack_panels
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, const torch::Tensor& b, bool relu) {
+  return panel_linear(x, panels, b, relu);
 }
 
 torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {  // (B, T, C) -> (B, H, T, d)
@@ -118,8 +277,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
         const float* mrow = mp ? mp + b * mb + t * mt : nullptr;
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < Tk; ++j) {
-          float acc;
-          dots<1>(qt, kb + j * k.stride(2), d, &acc);
+          const float acc = dot(qt, kb + j * k.stride(2), d);
           scores[j] = mrow ? acc + mrow[j] : acc;
           top = std::max(top, scores[j]);
         }
@@ -138,7 +296,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   return out;
 }
 
-struct Layer {
+struct Layer {  // the linear layers' *_w: panels of pack_panels
   torch::Tensor qkv_w, qkv_b, self_out_w, self_out_b, self_norm_w, self_norm_b;
   torch::Tensor cross_q_w, cross_q_b, cross_out_w, cross_out_b, cross_norm_w, cross_norm_b;
   torch::Tensor fc1_w, fc1_b, fc2_w, fc2_b, final_norm_w, final_norm_b;
@@ -154,7 +312,8 @@ class FusedDecoder {
 
   // tensors: qkv w, b; self_out w, b; self_norm w, b; cross_q w, b; cross_out w, b;
   // cross_norm w, b; fc1 w, b; fc2 w, b; final_norm w, b (cross ones undefined/empty
-  // when the layer has no encoder attention). numbers: self_scaling, cross_scaling,
+  // when the layer has no encoder attention); the linear layers' weights as panels of
+  // pack_panels, their biases dense (out,). numbers: self_scaling, cross_scaling,
   // the three layer norms' eps.
   void add_layer(std::vector<torch::Tensor> t, std::vector<double> numbers, bool has_cross) {
     TORCH_CHECK(t.size() == 18 && numbers.size() == 5, "FusedDecoder.add_layer: 18 tensors and 5 numbers");
@@ -216,7 +375,10 @@ class FusedDecoder {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_linear", &small_linear, "x W^T + b (ReLU optional) for a few rows, float32 on CPU");
+  m.def("pack_panels", &pack_panels, "weight (out, in) -> panels (ceil(out / 16), in, 16) for panel_linear");
+  m.def("panel_linear", &panel_linear, "x W^T + b (ReLU optional) on packed panels, float32 on CPU");
+  m.def("panel_isa", &panel_isa, pybind11::arg("choose") = "",
+        "the instruction set of panel_linear (avx512f or avx2); choose: select one");
   pybind11::class_<FusedDecoder>(m, "FusedDecoder")
       .def(pybind11::init<int64_t, bool>())
       .def("add_layer", &FusedDecoder::add_layer)
