@@ -15,6 +15,10 @@ next time.
 Encoder. When the draft model's encoder has the verifier's weights (a frozen copy, as
 ``ar_drafter`` trains it) decoding reuses the verifier's encoder output; otherwise the
 draft model runs its own encoder once per batch.
+
+Shortlist. With ``--spec-draft-shortlist N`` each step's output projection computes the N
+most frequent pieces only, most of a step's cost at batch 1 (``cmasd.drafters.shortlist``):
+the drafts are among them, their distribution and confidence are the shortlist's.
 """
 
 from dataclasses import dataclass, replace
@@ -36,6 +40,7 @@ from cmasd.drafters.base import (
     chosen_probability,
     model_draft,
 )
+from cmasd.drafters.shortlist import Shortlist, narrow
 from cmasd.errors import UsageError
 
 
@@ -74,9 +79,14 @@ class AutoregressiveDrafter(ModelDrafter):
     checkpoint_help = ("autoregressive draft model checkpoint (a fairseq Transformer with the verifier's dictionary; "
                        "needed by the ar-* configurations)")
 
-    def __init__(self, model, kernels: str = "native", shares_encoder: bool = False):
+    def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
+                 shortlist: Optional[Shortlist] = None):
         self.model = model
         self.scorer = BlockScorer(model.decoder, kernels)
+        self.shortlist = None  # the full vocabulary
+        if shortlist is not None:  # the scorer's logits are then (..., N) over the shortlist
+            self.shortlist = shortlist.to(model.decoder.output_projection.weight.device)
+            narrow(self.scorer.decoder, shortlist)
         self.shares_encoder = shares_encoder
         self.padding_idx = model.decoder.padding_idx
         self.encode = None if shares_encoder else encoder_of(model.encoder, kernels)
@@ -90,7 +100,8 @@ class AutoregressiveDrafter(ModelDrafter):
     def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "AutoregressiveDrafter":
         if cfg.spec_draft_block is not None:
             raise UsageError("--spec-draft-block: applies to the Spec-Drafter only (--drafter-kind spec)")
-        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, same_encoder(model, verifier))
+        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, same_encoder(model, verifier),
+                   Shortlist.of(verifier.decoder.dictionary, cfg.spec_draft_shortlist))
 
     @torch.no_grad()
     def start(self, source: Source, capacity: int) -> ARDrafterState:
@@ -111,23 +122,27 @@ class AutoregressiveDrafter(ModelDrafter):
         fed = int((lengths - state.cached).max())
         start = (lengths - fed).clamp(min=0)  # (B,)
         index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
-        logits = self.scorer.score(state.cache, tokens.gather(1, index), start)  # (B, fed, V)
-        last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V)
+        # logits over the vocabulary (V), or over the shortlist's N pieces
+        logits = self.scorer.score(state.cache, tokens.gather(1, index), start)  # (B, fed, V or N)
+        last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V or N)
         uniforms = request.uniforms()  # (B, H) or None
         steps, drafted, dists = [], [], []
         unsure = torch.zeros(bsz, dtype=torch.bool, device=tokens.device)  # (B,) drafted a token below stop_below
         for i in range(request.horizon):
-            token, dist = choose(last, request, self.padding_idx, None if uniforms is None else uniforms[:, i])
-            steps.append(last)  # (B, V)
+            token, dist = choose(last, request, self.padding_idx, None if uniforms is None else uniforms[:, i],
+                                 self.shortlist)  # (B,) vocabulary ids; (B, V) or None
+            steps.append(last)  # (B, V or N)
             drafted.append(token)  # (B,)
             dists.append(dist)  # (B, V) or None
             if request.stop_below is not None:
-                chosen_from = torch.log_softmax(last.float(), dim=-1) if dist is None else dist  # (B, V)
-                unsure |= chosen_probability(chosen_from, token) < request.stop_below
+                # the argmax's probability, or the drawn token's in the distribution it was drawn from
+                sure = (torch.log_softmax(last.float(), dim=-1).max(dim=-1).values.exp() if dist is None
+                        else chosen_probability(dist, token))  # (B,)
+                unsure |= sure < request.stop_below
                 if bool(unsure.all()):
                     break
             if i + 1 < request.horizon:
-                last = self.scorer.score(state.cache, token[:, None], lengths + i)[:, 0]  # (B, V)
+                last = self.scorer.score(state.cache, token[:, None], lengths + i)[:, 0]  # (B, V or N)
         made = len(drafted)
         valid = None
         if made < request.horizon:  # stopped early: the positions after are never sent
@@ -136,7 +151,7 @@ class AutoregressiveDrafter(ModelDrafter):
                 column.extend(column[-1:] * (request.horizon - made))
         logprobs = None if dists[0] is None else torch.stack(dists, dim=1)  # (B, H, V)
         draft = model_draft(torch.stack(steps, dim=1), request, self.padding_idx,
-                            (torch.stack(drafted, dim=1), logprobs))  # (B, H, V), (B, H)
+                            (torch.stack(drafted, dim=1), logprobs))  # logits (B, H, V or N): the confidence
         if valid is not None:
             draft = replace(draft, valid=valid)
         return draft, replace(state, cached=lengths)

@@ -1,6 +1,7 @@
-"""Helpers of the drafters: how a model drafter chooses its tokens (``choose``) and makes
-its draft (``model_draft``), the point mass of a lookup's draft, and the drafter that
-drafts nothing, and the options of the model drafters that run a model of their own
+"""Helpers of the drafters: how a model drafter chooses its tokens (``choose``, over the
+whole vocabulary or a shortlist of it, ``cmasd.drafters.shortlist``) and makes its draft
+(``model_draft``), the point mass of a lookup's draft, and the drafter that drafts nothing,
+and the options of the model drafters that run a model of their own
 (``ModelDrafterOptions``). The contract itself and its records live on the ground floor
 (``cmasd.core.drafting``) and are imported here too, where the drafters and outside code
 have always found them."""
@@ -26,6 +27,7 @@ from cmasd.core.drafting import (  # noqa: F401  (the contract, at its old addre
     empty_draft,
 )
 from cmasd.core.sampling import draw
+from cmasd.drafters.shortlist import Shortlist
 
 
 @dataclass
@@ -44,26 +46,45 @@ class ModelDrafterOptions:
                   "memory read per drafter pass; the verifier keeps full precision, so exact acceptance stays "
                   "lossless", "choices": ("none", "int8")},
     )
+    spec_draft_shortlist: int = field(
+        default=0,
+        metadata={"help": "draft only among the N most frequent target pieces (the counts of the verifier's "
+                  "dictionary; eos always): the model drafter's output projection computes N rows, not the whole "
+                  "vocabulary; lossless, as every draft is verified against the full vocabulary; its confidence is "
+                  "over the shortlist; 0: the full vocabulary"},
+    )
 
 
-def choose(logits: Tensor, request: DraftRequest, pad: int, uniforms: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+def choose(logits: Tensor, request: DraftRequest, pad: int, uniforms: Optional[Tensor],
+           shortlist: Optional[Shortlist] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """A model drafter's tokens (...,) from its logits (..., V), and the log-probabilities
     (..., V) they were chosen from where a part needs them (else None): the argmax of
     log-softmax(logits), or with ``request.sampling`` a draw at ``uniforms`` (...,) from
-    the sampling transform of the logits (temperature, pad never drawn, top-k / top-p)."""
+    the sampling transform of the logits (temperature, pad never drawn, top-k / top-p).
+    With a ``shortlist`` the logits are (..., N) over its pieces: the tokens are still
+    vocabulary ids, and the log-probabilities (..., V) are those over the shortlist, -inf
+    outside it (``cmasd.drafters.shortlist``)."""
     if request.sampling is None:
-        tokens = logits.argmax(dim=-1)  # (...,)
-        return tokens, torch.log_softmax(logits.float(), dim=-1) if request.logprobs else None
+        best = logits.argmax(dim=-1)  # (...,)
+        tokens = best if shortlist is None else shortlist.tokens(best)
+        if not request.logprobs:
+            return tokens, None
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # (..., V) or (..., N)
+        return tokens, logprobs if shortlist is None else shortlist.widen(logprobs)  # (..., V)
+    if shortlist is not None:
+        logits = shortlist.widen(logits)  # (..., V): -inf outside the shortlist, never drawn
     logprobs = request.sampling.drafter_logprobs(logits, pad)  # (..., V)
     return draw(logprobs, uniforms), logprobs
 
 
 def model_draft(logits: Tensor, request: DraftRequest, pad: int,
-                chosen: Optional[Tuple[Tensor, Optional[Tensor]]] = None) -> Draft:
-    """The draft of a model drafter from its logits (B, H, V): its tokens and their
-    distribution as ``choose`` picks them (or ``chosen``, picked already, position by
-    position), and the confidence the request asks for."""
-    tokens, logprobs = choose(logits, request, pad, request.uniforms()) if chosen is None else chosen
+                chosen: Optional[Tuple[Tensor, Optional[Tensor]]] = None,
+                shortlist: Optional[Shortlist] = None) -> Draft:
+    """The draft of a model drafter from its logits (B, H, V), or (B, H, N) over a
+    ``shortlist``: its tokens and their distribution as ``choose`` picks them (or
+    ``chosen``, picked already, position by position), and the confidence the request asks
+    for, computed from these logits (over the shortlist, with one)."""
+    tokens, logprobs = choose(logits, request, pad, request.uniforms(), shortlist) if chosen is None else chosen
     confidence = request.confidence(logits) if request.confidence is not None else None  # (B, H)
     return Draft(tokens, None, logprobs, confidence)
 

@@ -8,7 +8,10 @@ fairseq-train trains.
 Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
 slots are never cached, and nothing is ever rolled back (the slots are recomputed every
 pass). Decoding runs a copy of the decoder's weights prepared once
-(``cmasd.layers.prepared.DecodingDecoder`` on native, packed or int8 kernels).
+(``cmasd.layers.prepared.DecodingDecoder`` on native, packed or int8 kernels). With
+``--spec-draft-shortlist N`` the pass projects its slots onto the N most frequent pieces
+only (``cmasd.drafters.shortlist``): the drafts are among them, their distribution and
+confidence are the shortlist's.
 """
 
 import dataclasses
@@ -21,6 +24,7 @@ from torch import Tensor
 from cmasd.layers.prepared import DecodingDecoder, additive_mask
 from cmasd.layers.cache import encoder_states, keep_rows, widened
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Source, model_draft
+from cmasd.drafters.shortlist import Shortlist, narrow
 from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel
 
@@ -71,7 +75,8 @@ class SpecDrafter(ModelDrafter):
     ``DecodingDecoder`` on ``kernels`` (native, packed or int8), the learned mask vector
     and the embeddings as they are. ``block`` (``--spec-draft-block``, default the
     trained block k_max) is how many slots each pass runs: fewer cost less, but the slots
-    then see a shorter block than in training."""
+    then see a shorter block than in training. ``shortlist`` (``--spec-draft-shortlist``,
+    default None: the full vocabulary) is the pieces it drafts among."""
 
     name = "spec"
     model_class = SpecDrafterModel
@@ -80,10 +85,15 @@ class SpecDrafter(ModelDrafter):
     checkpoint_option = "--drafter-path"
     checkpoint_help = "Spec-Drafter checkpoint (needed by the configurations that draft with it: most speculative ones)"
 
-    def __init__(self, model: SpecDrafterModel, kernels: str = "native", block: Optional[int] = None):
+    def __init__(self, model: SpecDrafterModel, kernels: str = "native", block: Optional[int] = None,
+                 shortlist: Optional[Shortlist] = None):
         self.model = model
         self.embedding = model.decoder  # embeddings, positions and the mask vector
         self.decoder = DecodingDecoder(model.decoder, kernels)
+        self.shortlist = None  # the full vocabulary
+        if shortlist is not None:  # the decoder's logits are then (..., N) over the shortlist
+            self.shortlist = shortlist.to(model.decoder.output_projection.weight.device)
+            narrow(self.decoder, shortlist)
         self.block_size = model.block_size
         self.block = self.block_size if block is None else block
         self.max_horizon = self.block
@@ -97,14 +107,16 @@ class SpecDrafter(ModelDrafter):
 
     @classmethod
     def from_model(cls, model: SpecDrafterModel, verifier, cfg, kernels: str, horizon: int) -> "SpecDrafter":
-        """The drafter of the options ``cfg`` (``--spec-draft-block``, ``--spec-drafter-quantize``)."""
+        """The drafter of the options ``cfg`` (``--spec-draft-block``, ``--spec-drafter-quantize``,
+        ``--spec-draft-shortlist``)."""
         block = model.block_size if cfg.spec_draft_block is None else cfg.spec_draft_block
         if not max(horizon, 1) <= block <= model.block_size:
             raise UsageError(
                 f"--spec-draft-block: must be in [{max(horizon, 1)}, {model.block_size}] (the draft length the "
                 f"controller can send .. the drafter's block), got {block}"
             )
-        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, block)
+        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, block,
+                   Shortlist.of(verifier.decoder.dictionary, cfg.spec_draft_shortlist))
 
     def encode(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
         """The drafter's own encoder output (``uses_own_encoder``)."""
@@ -115,8 +127,8 @@ class SpecDrafter(ModelDrafter):
         return self.start_cache(encoder_out, capacity)
 
     def draft(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, SpecDrafterCache]:
-        logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block)  # (B, H, V)
-        return model_draft(logits, request, self.padding_idx), state
+        logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block)  # (B, H, V or N)
+        return model_draft(logits, request, self.padding_idx, shortlist=self.shortlist), state
 
     @torch.no_grad()
     def start_cache(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> SpecDrafterCache:
@@ -148,10 +160,10 @@ class SpecDrafter(ModelDrafter):
         tokens (B, T): accepted sequences, BOS (eos) first, right-padded; lengths (B,):
         valid tokens per row, BOS included. Feeds the tokens not yet cached (indices
         ``cached .. lengths-1``, ragged, padded to the longest) and the k_max slots;
-        returns logits (B, slots, V) for indices ``lengths .. lengths + slots - 1``
-        (``slots`` <= k_max, default k_max: every slot runs through the layers, but
-        only the first ``slots`` are projected to the vocabulary, the costly part) and
-        the state with ``cached = lengths``. ``block`` (``slots`` <= block <= k_max,
+        returns logits (B, slots, V) (N, with a shortlist) for indices ``lengths
+        .. lengths + slots - 1`` (``slots`` <= k_max, default k_max: every slot runs through
+        the layers, but only the first ``slots`` are projected to the vocabulary, the costly
+        part) and the state with ``cached = lengths``. ``block`` (``slots`` <= block <= k_max,
         default k_max) runs fewer slots through the layers: cheaper, but the slots then
         see a shorter block than in training.
         """
@@ -213,5 +225,5 @@ class SpecDrafter(ModelDrafter):
             return kv[:, :heads], kv[:, heads:]
 
         states = self.decoder.states(x, self_keys, bias, list(state.cross), state.cross_bias)  # (B, N + K, C)
-        logits = self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V)
+        logits = self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V or N)
         return logits, dataclasses.replace(state, cached=lengths.clone())

@@ -90,6 +90,10 @@ HISTORY = {"spec_history_ngram": 3}
 SOURCE = {"spec_source_ngram": 2}
 # An autoregressive draft model drafting gamma tokens one at a time.
 AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
+# The model drafter's output projection onto the 2,000 most frequent target pieces only (of the
+# compact model's 8,001), and its linear layers on int8 weights: two ways to cheapen a draft step.
+SHORTLIST = {"spec_draft_shortlist": 2000}
+INT8 = {"spec_drafter_quantize": "int8"}
 # Lookups with no model drafter behind them: rows without a match send nothing.
 LOOKUPS_ALONE = {"spec_controller": "fixed", "spec_k": 8}
 # SpecBound (seed 002): early exits from the verifier's own layers, lossless. The bounds are
@@ -186,6 +190,9 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("specdec-k10-exact", "fixed k=10, exact acceptance (lossless)", FIXED_K10, EXACT),
         speculative("specdec-k5-exact", "fixed k=5 and a 5-slot drafter block, exact acceptance (lossless; "
                     "the fastest fixed k on a 2-core CPU)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT),
+        speculative("specdec-k5-exact-sl2000", "specdec-k5-exact drafting among the 2,000 most frequent pieces only "
+                    "(--spec-draft-shortlist 2000; lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT,
+                    SHORTLIST),
         speculative("specdec-k25-exact", "fixed k=25, exact acceptance (lossless)", FIXED_K10, {"spec_k": 25}, EXACT),
         speculative("cmasd", "CM-ASD: adaptive k + adaptive tau, ensemble confidence", FULL_CMASD),
         speculative("cmasd-k4", "CM-ASD with k_max=4 and a 4-slot drafter block (the operating point "
@@ -207,6 +214,12 @@ CONFIGS: Dict[str, BenchConfig] = {
                     AR, {"spec_k": 4}, EXACT, HISTORY, drafter="ar"),
         speculative("ar-g4-exact-source", "ar-g4-exact with source drafts (--spec-source-ngram 2; lossless)",
                     AR, {"spec_k": 4}, EXACT, SOURCE, drafter="ar"),
+        speculative("ar-g4-exact-sl2000", "ar-g4-exact drafting among the 2,000 most frequent pieces only "
+                    "(--spec-draft-shortlist 2000; lossless)", AR, {"spec_k": 4}, EXACT, SHORTLIST, drafter="ar"),
+        speculative("ar-g4-exact-int8", "ar-g4-exact with the draft model on int8 weights (--spec-drafter-quantize "
+                    "int8, CPU; lossless)", AR, {"spec_k": 4}, EXACT, INT8, drafter="ar"),
+        speculative("ar-g4-exact-int8-sl2000", "ar-g4-exact-int8 with the 2,000-piece shortlist (lossless)",
+                    AR, {"spec_k": 4}, EXACT, INT8, SHORTLIST, drafter="ar"),
         speculative("history-k8-exact", "history drafts alone (--spec-history-ngram 3, no model drafter), up to 8 "
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, HISTORY, EXACT, drafter=NO_DRAFTER),
         speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "
