@@ -16,8 +16,7 @@ generator's own parts on it and times them, after a warm-up, as the median of
 * a whole iteration drafting nothing, less its verify pass: the iteration's own costs.
 
 A few seconds for the compact Multi30k models on two cores. ``measured`` keeps one table
-per models and settings for the life of the process (cmasd-bench builds hundreds of
-generators of the same models).
+per generator parts and settings for the life of the process.
 """
 
 import copy
@@ -40,7 +39,7 @@ DENSE_WIDTHS = 10  # every width and draft length up to this is measured; above,
 SOURCE_LENGTH = 16  # source pieces of the synthetic sentences, end-of-sentence included
 PREFIX = 12  # target tokens already accepted, the start token included
 
-_MEASURED: Dict[Tuple, Costs] = {}
+_MEASURED: Dict[Tuple, Tuple[object, object, Costs]] = {}
 
 
 def grid(largest: int) -> List[int]:
@@ -167,25 +166,18 @@ def filled(ks: Sequence[int], seconds: Sequence[float], horizon: int) -> Iterabl
 
 
 def identity(generator: SpeculativeGenerator) -> Tuple:
-    """What makes two generators' iterations cost the same: their models, kernels, drafter
-    and what it is asked for."""
-    def parts(obj, depth=0):
-        found = [type(obj).__name__]
-        for value in vars(obj).values() if depth < 3 and hasattr(obj, "__dict__") else ():
-            if isinstance(value, torch.nn.Module):
-                found.append(id(value))
-            elif type(value).__module__.startswith("cmasd.drafters"):
-                found.extend(parts(value, depth + 1))
-        return tuple(found)
-
+    """What makes a generator's iterations cost what they cost: its verifier, kernels, drafter
+    (the object: its kernels, shortlist or quantization are its own) and what it is asked for."""
     g = generator
-    return (id(g.model), g.kernels, parts(g.drafter), g.horizon, g.ragged, g.sampling is not None,
+    return (id(g.model), g.kernels, id(g.drafter), g.horizon, g.ragged, g.sampling is not None,
             g.request.confidence is not None, g.request.logprobs, torch.get_num_threads())
 
 
 def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS) -> Costs:
-    """``calibrate(generator)``, measured once per process for the same models and settings."""
+    """``calibrate(generator)``, measured once per process for the same generator parts and
+    settings (the table is kept with the drafter it measured, so that its identity stays
+    its own)."""
     key = identity(generator) + tuple(rows)
     if key not in _MEASURED:
-        _MEASURED[key] = calibrate(generator, rows)
-    return _MEASURED[key]
+        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows))
+    return _MEASURED[key][2]

@@ -94,6 +94,9 @@ AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 # compact model's 8,001), and its linear layers on int8 weights: two ways to cheapen a draft step.
 SHORTLIST = {"spec_draft_shortlist": 2000}
 INT8 = {"spec_drafter_quantize": "int8"}
+# The cost-aware controller: per row the k in 0 .. 8 that maximises expected accepted tokens per
+# second from this machine's measured costs (cmasd.verification.goodput), exact acceptance.
+GOODPUT = {"spec_controller": "goodput", "spec_k_max": 8, **EXACT}
 # Lookups with no model drafter behind them: rows without a match send nothing.
 LOOKUPS_ALONE = {"spec_controller": "fixed", "spec_k": 8}
 # SpecBound (seed 002): early exits from the verifier's own layers, lossless. The bounds are
@@ -220,6 +223,17 @@ CONFIGS: Dict[str, BenchConfig] = {
                     "int8, CPU; lossless)", AR, {"spec_k": 4}, EXACT, INT8, drafter="ar"),
         speculative("ar-g4-exact-int8-sl2000", "ar-g4-exact-int8 with the 2,000-piece shortlist (lossless)",
                     AR, {"spec_k": 4}, EXACT, INT8, SHORTLIST, drafter="ar"),
+        speculative("goodput-spec", "the cost-aware controller (goodput: per row the k in 0..8 with the most "
+                    "expected tokens per second, from measured costs) with the Spec-Drafter, an 8-slot block "
+                    "(lossless)", GOODPUT, {"spec_draft_block": 8}),
+        speculative("goodput-spec-sl2000", "goodput-spec with the 2,000-piece shortlist (lossless)", GOODPUT,
+                    {"spec_draft_block": 8}, SHORTLIST),
+        speculative("goodput-ar", "the cost-aware controller with the autoregressive draft model, k in 0..8 "
+                    "(lossless)", AR, GOODPUT, drafter="ar"),
+        speculative("goodput-ar-sl2000", "goodput-ar with the 2,000-piece shortlist (lossless)", AR, GOODPUT,
+                    SHORTLIST, drafter="ar"),
+        speculative("goodput-ar-history", "goodput-ar with history drafts in front (--spec-history-ngram 3; "
+                    "lossless)", AR, GOODPUT, HISTORY, drafter="ar"),
         speculative("history-k8-exact", "history drafts alone (--spec-history-ngram 3, no model drafter), up to 8 "
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, HISTORY, EXACT, drafter=NO_DRAFTER),
         speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "
