@@ -32,8 +32,9 @@ hundred multiply-adds) before drafting, so the drafter drafts only the longest k
 (``budget``), and nothing at all when every row is planned at 0.
 """
 
+import functools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from cmasd.core.verifying import Controller, RowState
 from cmasd.errors import UsageError
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
 
+SINGLE_ROW_STEPS = 200  # a row alone is planned at its estimate rounded to 1/200
 PRIOR_WEIGHT = 2.0  # drafts' worth of evidence the prior counts for at a row's start
 
 
@@ -74,13 +76,28 @@ class GoodputOptions:
 @dataclass(frozen=True)
 class GoodputState(RowState):
     """Per row: decayed counts of accepted and rejected drafts, the plan for the next
-    iteration, iterations since it last drafted, and its current wait before a probe."""
+    iteration (on the model's device), iterations since it last drafted, and its current
+    wait before a probe (the counts on the host, where the plan is made)."""
 
     hits: Tensor  # (B,) float
     misses: Tensor  # (B,) float
     plan: Tensor  # (B,) long: drafts to send next iteration
     quiet: Tensor  # (B,) long: consecutive iterations planned at 0
     wait: Tensor  # (B,) long: the quiet iterations before the next probe
+
+    def select(self, rows: Tensor) -> "GoodputState":
+        here = rows.cpu()
+        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.quiet[here], self.wait[here])
+
+
+@functools.lru_cache(maxsize=1024)
+def cost_lines(costs: Costs, rows: int, k_max: int) -> Tuple[np.ndarray, np.ndarray, float]:
+    """For ``rows`` rows: a verify pass's seconds at mean widths 1 .. k_max + 1, drafting's
+    at horizons 1 .. k_max, and the iteration's overhead (read once per row count)."""
+    widths = range(1, k_max + 2)
+    verify = np.array([costs.verify_seconds(rows, rows * w) for w in widths])  # (k_max + 1,)
+    draft = np.array([costs.draft_seconds(rows, h) for h in range(1, k_max + 1)])  # (k_max,)
+    return verify, draft, costs.overhead_seconds(rows)
 
 
 def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int) -> np.ndarray:
@@ -90,10 +107,8 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int) -> np.ndarray
     a = np.clip(acceptance, 0.0, 0.999)
     if rows == 0 or k_max == 0:
         return np.zeros(rows, dtype=np.int64)
-    overhead = costs.overhead_seconds(rows)
+    verify, draft, overhead = cost_lines(costs, rows, k_max)
     widths = np.arange(1, k_max + 2)  # positions per row, 1 .. k_max + 1
-    verify = np.array([costs.verify_seconds(rows, rows * w) for w in widths])  # (k_max + 1,) by mean width
-    draft = np.array([costs.draft_seconds(rows, h) for h in range(1, k_max + 1)])  # (k_max,)
     j = np.arange(1, k_max + 1)
     gains = a[:, None] ** j[None, :]  # (B, K) expected tokens the j-th draft of each row adds
     best_value, best = rows / (verify[0] + overhead), np.zeros(rows, dtype=np.int64)
@@ -135,6 +150,7 @@ class Goodput(Controller):
         self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
         self.horizon = k_max
         self.costs = costs
+        self.single: Dict[int, int] = {}  # a row alone: its rounded estimate -> its k
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
@@ -150,24 +166,27 @@ class Goodput(Controller):
         if max(costs.widths) < self.k_max + 1:
             raise UsageError(f"the cost table measures verify passes of up to {max(costs.widths)} positions a row, "
                              f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
-        self.costs = costs
+        self.costs, self.single = costs, {}
 
-    def plan(self, acceptance: Tensor) -> Tensor:
-        """Draft lengths (B,) long for rows of acceptance estimates (B,)."""
+    def plan(self, acceptance: np.ndarray) -> np.ndarray:
+        """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
+        at its estimate rounded to 1/``SINGLE_ROW_STEPS`` and the plan remembered: at batch 1
+        an iteration costs well under a millisecond, and planning afresh would be a tenth
+        of it."""
         if self.costs is None:
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
-        lengths = plan_lengths(acceptance.double().cpu().numpy(), self.costs, self.k_max)
-        return torch.from_numpy(lengths).to(acceptance.device)
-
-    @staticmethod
-    def acceptance(hits: Tensor, misses: Tensor) -> Tensor:
-        return hits / (hits + misses)  # (B,)
+        if len(acceptance) == 1:
+            step = int(round(float(acceptance[0]) * SINGLE_ROW_STEPS))
+            if step not in self.single:
+                self.single[step] = int(plan_lengths(np.array([step / SINGLE_ROW_STEPS]), self.costs, self.k_max)[0])
+            return np.array([self.single[step]], dtype=np.int64)
+        return plan_lengths(acceptance, self.costs, self.k_max)
 
     def start(self, rows: int, device: torch.device) -> GoodputState:
-        prior = torch.full((rows,), self.prior, device=device)
-        counts = torch.zeros(rows, dtype=torch.long, device=device)
-        return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior), self.plan(prior), counts,
-                            torch.full((rows,), self.probe_every, dtype=torch.long, device=device))
+        prior = np.full(rows, self.prior)
+        return GoodputState(torch.from_numpy(PRIOR_WEIGHT * prior), torch.from_numpy(PRIOR_WEIGHT * (1 - prior)),
+                            torch.from_numpy(self.plan(prior)).to(device), torch.zeros(rows, dtype=torch.long),
+                            torch.full((rows,), self.probe_every, dtype=torch.long))
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -176,18 +195,23 @@ class Goodput(Controller):
         return state.plan.clamp(max=draft.tokens.size(1))
 
     def observe(self, state: GoodputState, proposed: Tensor, accepted: Tensor) -> GoodputState:
-        drafted = proposed > 0  # (B,)
-        keep = torch.where(drafted, self.memory, 1.0)  # (B,) decay only where something was learnt
-        hits = state.hits * keep + accepted.float()
-        misses = state.misses * keep + (drafted & (accepted < proposed)).float()
-        acceptance = self.acceptance(hits, misses)
+        """On the host (the counts live there; one transfer of this iteration's counts),
+        in numpy: a handful of operations on a few numbers each, where torch's would cost
+        more than the planning itself."""
+        sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each
+        drafted = sent > 0
+        keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
+        hits = state.hits.numpy() * keep + kept
+        misses = state.misses.numpy() * keep + (drafted & (kept < sent))
+        acceptance = hits / (hits + misses)
         plan = self.plan(acceptance)  # (B,)
-        quiet = torch.where(plan == 0, state.quiet + 1, torch.zeros_like(state.quiet))
-        probe = (plan == 0) & (quiet >= state.wait)  # (B,)
-        wait = torch.where(plan > 0, torch.full_like(state.wait, self.probe_every), state.wait)
-        if bool(probe.any()):
-            hopeful = self.plan(torch.where(probe, acceptance.clamp(min=self.prior), acceptance))
-            plan = torch.where(probe, hopeful, plan)
-            wait = torch.where(probe, state.wait * 2, wait)
-            quiet = torch.where(probe, torch.zeros_like(quiet), quiet)
-        return GoodputState(hits, misses, plan, quiet, wait)
+        quiet = np.where(plan == 0, state.quiet.numpy() + 1, 0)
+        wait = np.where(plan > 0, self.probe_every, state.wait.numpy())
+        probe = (plan == 0) & (quiet >= state.wait.numpy())  # (B,)
+        if probe.any():
+            plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
+            wait = np.where(probe, state.wait.numpy() * 2, wait)
+            quiet = np.where(probe, 0, quiet)
+        return GoodputState(torch.from_numpy(hits), torch.from_numpy(misses),
+                            torch.from_numpy(plan).to(state.plan.device), torch.from_numpy(quiet),
+                            torch.from_numpy(wait))
