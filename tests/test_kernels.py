@@ -91,8 +91,8 @@ def float32_bound(x, weight, bias):
 @pytest.mark.parametrize("in_features", [1, 7, 17, 256, 1000])
 @pytest.mark.parametrize("out_features", [1, 15, 17, 8000])
 def test_panel_linear_computes_the_linear_layer_at_every_row_count(panel_kernel, in_features, out_features):
-    """Every row count from 0 to 40 (each a different split into register tiles: up to 6
-    rows with AVX2, 12 with AVX-512, then the rest), inputs of any width, outputs not a
+    """Every row count from 0 to 40 (each a different split into register tiles: even
+    groups of up to 6 rows with AVX2, 12 with AVX-512F), inputs of any width, outputs not a
     multiple of the 16-wide panels (zero padded), ReLU on and off: float64's x W^T + b
     within float32's error bound."""
     generator = torch.Generator().manual_seed(in_features * 10007 + out_features)
