@@ -23,9 +23,13 @@ per row and for a batch's pass, every iteration:
   k for the next iteration. k = 0 for every row (nothing drafted, the verifier alone)
   wherever drafting cannot pay; rows of one batch get different k where verification is
   ragged.
-* **Probes.** A row planned at k = 0 learns nothing about its acceptance; after
-  ``--goodput-probe-every`` such iterations it is planned once as if its acceptance were
-  the prior, and the wait doubles after each probe that leaves it at 0.
+* **Probes.** A row planned at k = 0 learns nothing about its acceptance; at multiples of
+  its probe period (``--goodput-probe-every``, doubled after each probe that leaves it at
+  0, reset when it drafts on its own) of its own iteration count it is planned once as if
+  its acceptance were the prior. The rows of a batch start together, so the idle ones
+  probe at the same iterations: a draft pass runs every row, and probes at scattered
+  iterations would make the whole batch pay for one row's probe at most of them (as
+  ``Idle`` does for the other controllers).
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
@@ -68,7 +72,7 @@ class GoodputOptions:
                   "(0: the last one alone)"},
     )
     goodput_probe_every: int = field(
-        default=16, metadata={"help": "goodput: iterations a row planned at k = 0 waits before it probes; the wait "
+        default=16, metadata={"help": "goodput: the probe period of a row planned at k = 0, in its iterations; it "
                               "doubles after each probe that does not pay"}
     )
 
@@ -82,12 +86,12 @@ class GoodputState(RowState):
     hits: Tensor  # (B,) float
     misses: Tensor  # (B,) float
     plan: Tensor  # (B,) long: drafts to send next iteration
-    quiet: Tensor  # (B,) long: consecutive iterations planned at 0
-    wait: Tensor  # (B,) long: the quiet iterations before the next probe
+    step: Tensor  # (B,) long: iterations the row has run
+    wait: Tensor  # (B,) long: its probe period (a row at 0 probes at multiples of it)
 
     def select(self, rows: Tensor) -> "GoodputState":
         here = rows.cpu()
-        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.quiet[here], self.wait[here])
+        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step[here], self.wait[here])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -205,13 +209,12 @@ class Goodput(Controller):
         misses = state.misses.numpy() * keep + (drafted & (kept < sent))
         acceptance = hits / (hits + misses)
         plan = self.plan(acceptance)  # (B,)
-        quiet = np.where(plan == 0, state.quiet.numpy() + 1, 0)
+        step = state.step.numpy() + 1  # (B,) the index of the row's next iteration
         wait = np.where(plan > 0, self.probe_every, state.wait.numpy())
-        probe = (plan == 0) & (quiet >= state.wait.numpy())  # (B,)
+        probe = (plan == 0) & (step % state.wait.numpy() == 0)  # (B,)
         if probe.any():
             plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
             wait = np.where(probe, state.wait.numpy() * 2, wait)
-            quiet = np.where(probe, 0, quiet)
         return GoodputState(torch.from_numpy(hits), torch.from_numpy(misses),
-                            torch.from_numpy(plan).to(state.plan.device), torch.from_numpy(quiet),
+                            torch.from_numpy(plan).to(state.plan.device), torch.from_numpy(step),
                             torch.from_numpy(wait))
