@@ -50,9 +50,10 @@ KERNEL_CHOICES = ("auto", "gemv", "packed", "native")
 # kernel beats the packed one at every row count to 128, on AVX-512F and on AVX2 (oneDNN
 # held to AVX2 too), for each of the compact verifier's shapes; a whole verify pass on the
 # fused layers beats the packed layer-by-layer pass up to 64 rows at batch 1 and 4 (batch
-# 1: 0.65 ms at 1 row, 1.8 ms at 16, 5.9 ms at 64 against 6.1 ms; 96 rows: 9.0 ms against
-# 7.8 ms, its C++ attention growing). Above 32 rows at batch 1 the gemv kernels layer by
-# layer would beat both: a threshold of their own for the fused layers would take that.
+# 1: 0.49 ms at 1 row, 1.42 ms at 16 against 2.69 ms, 5.40 ms at 64 against 5.49 ms; 96
+# rows: 8.43 ms against 6.92 ms, its C++ attention growing). Above 32 rows at batch 1 the
+# gemv kernels layer by layer would beat both: a threshold of their own for the fused
+# layers would take that.
 GEMV_MAX_ROWS = 64
 
 
