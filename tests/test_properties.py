@@ -14,6 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from cmasd.core.costs import Costs
 from cmasd.drafters.base import Draft
 from cmasd.verification.acceptance import ACCEPTANCE_RULES
 from cmasd.verification.base import Proposal, leading_accepted
@@ -39,7 +40,20 @@ options = st.fixed_dictionaries({
     "spec_idle_below": st.sampled_from([0.0, 0.5, 2.0]),
     "spec_probe_every": st.integers(1, 4),
     "spec_controller": st.just("a history controller"),
+    "spec_costs": st.none(),
+    "goodput_prior": st.floats(0.05, 0.95),
+    "goodput_memory": st.floats(0.0, 0.95),
+    "goodput_probe_every": st.integers(1, 4),
+    "draft_ms": st.floats(0.0, 2.0),  # not an option: a position's draft cost in the cost table goodput plans with
 })
+
+
+def cost_table(draft_ms: float, largest: int = 25) -> Costs:
+    """A cost table of 1 and 8 rows: a verify pass 1 ms a row plus 0.1 ms a position after the
+    first, drafting ``draft_ms`` a position."""
+    widths = tuple(range(1, largest + 2))
+    return Costs((1, 8), widths, tuple(tuple(1e-3 * rows * (1 + 0.1 * (w - 1)) for w in widths) for rows in (1, 8)),
+                 tuple(tuple(1e-3 * draft_ms * k for k in range(largest + 1)) for _ in (1, 8)), (1e-4, 1e-4))
 
 
 @st.composite
@@ -126,6 +140,8 @@ def test_controllers(name, cfg, limit, bsz, seed):
         controller = CONTROLLERS[name].from_config(SimpleNamespace(**cfg), limit)
     except ValueError:  # options out of range for this controller: refused, as tested elsewhere
         assume(False)
+    if controller.needs_costs:
+        controller.use_costs(cost_table(cfg["draft_ms"]))
     assert controller.horizon >= 0 and (limit is None or controller.horizon <= limit)
     gen = torch.Generator().manual_seed(seed)
     horizon = controller.horizon

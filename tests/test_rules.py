@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from cmasd.core.costs import Costs
 from cmasd.drafters.base import Draft
 from cmasd.verification.acceptance import ACCEPTANCE_RULES, adaptive_tau, leading_accepted
 from cmasd.verification.base import Proposal
@@ -241,6 +242,10 @@ CONTROLLER_CASES = {
     "cmasd-gammatune": lambda: CONTROLLERS["cmasd-gammatune"](4, 0.5, 1, 1, 8, "text", 25, alpha=1.0),
     "hf-heuristic": lambda: CONTROLLERS["hf-heuristic"](4, 8, 25),
     "assistant-threshold": lambda: CONTROLLERS["assistant-threshold"](6, 0.4, 25),
+    # a cost table on which drafting pays: a position costs a tenth of a pass, a draft position a hundredth
+    "goodput": lambda: CONTROLLERS["goodput"](8, 0.6, 0.7, 16, 25, costs=Costs(
+        (1,), tuple(range(1, 10)), (tuple(1e-3 * (1 + 0.1 * (w - 1)) for w in range(1, 10)),),
+        (tuple(1e-5 * k for k in range(9)),), (1e-4,))),
 }
 
 
