@@ -23,11 +23,11 @@ import copy
 import platform
 import statistics
 from dataclasses import replace
-from typing import Callable, Dict, Iterable, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from cmasd.core.costs import Costs
+from cmasd.core.costs import Costs, interpolate
 from cmasd.core.drafting import Source, VerifierView
 from cmasd.core.sampling import RowRandom
 from cmasd.core.verifying import Proposal
@@ -61,8 +61,10 @@ def median_seconds(run: Callable[[], object], like: torch.Tensor, repeats: int) 
     return statistics.median(times)
 
 
-def device_name() -> str:
-    """The CPU's model name (``lscpu``'s) and torch's threads, or the CUDA device."""
+def device_name(device: torch.device) -> str:
+    """The CUDA device's name, or the CPU's model name (``lscpu``'s) and torch's threads."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -99,19 +101,18 @@ class Bench:
         self.like = tokens
         self.max_len = capacity  # no forced eos within the measured blocks
         self.drafts = torch.randint(4, tgt_vocab, (rows, g.horizon), generator=random).to(device)
+        # the iteration's uniforms, as the loop makes them (None where no part reads any)
+        self.random = RowRandom.of(g.seed, self.state.ids, self.state.steps, g.horizon + 1) if g.random else None
 
     def request(self, horizon: int):
         g, state = self.generator, self.state
-        random = RowRandom.of(g.seed, state.ids, state.steps, g.horizon + 1) if g.random else None
-        return replace(g.request, horizon=horizon, random=random if g.sampling is not None else None,
+        return replace(g.request, horizon=horizon, random=self.random if g.sampling is not None else None,
                        verifier=VerifierView(g.scorer, state.verifier) if g.drafter.reads_verifier else None)
 
     def verify(self, width: int) -> Callable[[], object]:
         g, state = self.generator, self.state
-        rows = state.rows.numel()
-        random = RowRandom.of(g.seed, state.ids, state.steps, g.horizon + 1) if g.random else None
-        k = torch.full((rows,), width - 1, dtype=torch.long, device=self.like.device)
-        proposal = Proposal(self.drafts[:, : width - 1], k, None, None, random)
+        k = torch.full((state.rows.numel(),), width - 1, dtype=torch.long, device=self.like.device)
+        proposal = Proposal(self.drafts[:, : width - 1], k, None, None, self.random)
         return lambda: g.verify(state, proposal, self.max_len)
 
     def draft(self, k: int) -> Callable[[], object]:
@@ -147,22 +148,11 @@ def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repea
             line = [median_seconds(bench.verify(w), bench.like, repeats) for w in widths]
             verify.append(tuple(line))
             measured = [median_seconds(bench.draft(k), bench.like, repeats) for k in ks]
-            draft.append((0.0, *filled(ks, measured, horizon)))
+            draft.append((0.0, *(interpolate(ks, measured, k) for k in range(1, horizon + 1))))
             step = median_seconds(bench.iteration(), bench.like, repeats)
             overhead.append(max(0.0, step - line[0]))
     return Costs(tuple(rows), tuple(widths), tuple(verify), tuple(draft), tuple(overhead),
-                 ragged=generator.ragged, device=device_name())
-
-
-def filled(ks: Sequence[int], seconds: Sequence[float], horizon: int) -> Iterable[float]:
-    """Seconds for k = 1 .. horizon, linear between the measured ``ks``."""
-    for k in range(1, horizon + 1):
-        i = next(i for i, measured in enumerate(ks) if measured >= k)
-        if ks[i] == k:
-            yield seconds[i]
-        else:
-            k0, k1, s0, s1 = ks[i - 1], ks[i], seconds[i - 1], seconds[i]
-            yield s0 + (s1 - s0) * (k - k0) / (k1 - k0)
+                 ragged=generator.ragged, device=device_name(next(generator.model.parameters()).device))
 
 
 def identity(generator: SpeculativeGenerator) -> Tuple:

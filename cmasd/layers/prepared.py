@@ -142,7 +142,7 @@ class DecodingDecoder:
         (layer by layer only), x and the result are the counting positions packed (N, C)."""
         last = len(self.layers) if last is None else last
         fused = self.fused_range(first, last)
-        if ragged is None and fused is not None and x.size(0) * x.size(1) <= GEMV_MAX_ROWS:
+        if ragged is None and fused is not None and self.takes_whole(x.size(0) * x.size(1)):
             return fused.states(x, kv[first:last], where, used, self_bias, [k for k, _ in cross[first:last]],
                                 [v for _, v in cross[first:last]], cross_bias)
         heads = self.heads

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from cmasd.decoding import calibration
 from cmasd.tools.bench.configs import (
     DRAFTER_OPTIONS,
     FLOOR,
@@ -325,9 +326,9 @@ def versions() -> Dict[str, str]:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"
+    """The device a run decoded on: the CUDA device's name, or the CPU's model name and threads."""
+    name = calibration.device_name(device)
+    return name if device.type == "cuda" else f"cpu ({platform.machine()}: {name})"
 
 
 def checkpoint(path: Optional[str]) -> Optional[str]:
