@@ -106,7 +106,9 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch CPU threads (default: torch's current, %(default)s here)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even where CUDA is available")
-    parser.add_argument("--fp16", action="store_true", help="half-precision models (GPU)")
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument("--fp16", action="store_true", help="float16 models, as fairseq-generate --fp16 (GPU)")
+    precision.add_argument("--bf16", action="store_true", help="bfloat16 models, as fairseq-generate --bf16")
     parser.add_argument("--spm-model", help="sentencepiece model to detokenize output (default: DATA/spm.model "
                         "if present, else fairseq's --post-process sentencepiece rule)")
     parser.add_argument("--references", help="raw (untokenized) references of the whole split: one per line, or "
@@ -160,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "at 1 row and each batch size (the table the goodput controller plans with), print the "
                         "tables, save each as OUT_DIR/costs-NAME.json (fairseq-generate --spec-costs FILE), and "
                         "decode nothing")
-    parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"), help="default: %(default)s")
+    parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"),
+                        help="bench.md, bench.json, latency-throughput.png, and runs.jsonl: a line per recorded "
+                        "run as it ends, kept when the bench is stopped midway (default: %(default)s)")
     parser.set_defaults(repeats=3)
     return parser
 
@@ -291,7 +295,9 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
     with shared_linears():  # one copy of each model's prepared weights, however many configurations
         generators = {c.name: build_generator(bench.setup, c, global_overrides, paths, generation) for c in configs}
     batches = {bs: build_batches(bench.setup, bs) for bs in batch_sizes}
-    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches, seeds)
+    os.makedirs(args.out_dir, exist_ok=True)
+    m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches, seeds,
+                    journal=os.path.join(args.out_dir, "runs.jsonl"))
     return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
 
 

@@ -82,6 +82,11 @@ def load_split(task, args):
     return dataset, len(dataset)
 
 
+def model_dtype(args) -> torch.dtype:
+    """The models' precision: ``--fp16``, ``--bf16`` or float32."""
+    return torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else torch.float32
+
+
 def choose_device(args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
 
@@ -101,7 +106,7 @@ def load_setup(args, roles: Sequence[str], ct2: bool = False) -> Setup:
     torch.set_num_threads(args.threads)
     device = choose_device(args)
     model, task = load_verifier(args)
-    model = (model.half() if args.fp16 else model).to(device).eval()
+    model = model.to(device, dtype=model_dtype(args)).eval()
     paths = drafter_paths(args)
     try:
         drafters = {role: load_drafter_model(paths[role], task, like=next(model.parameters())) for role in roles}

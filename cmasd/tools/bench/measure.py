@@ -1,5 +1,6 @@
 """Timing: decoding the split with every configuration, the floor, warm-up and interleaved repetitions."""
 
+import json
 import logging
 import statistics
 import time
@@ -111,11 +112,13 @@ def reseed(generator, seed: int) -> None:
 
 
 def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[int, list], warmup: int,
-                repeats: int, warmup_batches: int = 0, seeds: Optional[Sequence[int]] = None) -> Measurements:
+                repeats: int, warmup_batches: int = 0, seeds: Optional[Sequence[int]] = None,
+                journal: Optional[str] = None) -> Measurements:
     """``warmup`` unrecorded passes (over the first ``warmup_batches`` batches of each
     batch size; 0: all), then ``repeats`` recorded passes; each pass runs every
     configuration and the floor at every batch size. ``seeds`` (sampling): the seed of
-    each recorded pass (the warm-up uses the first)."""
+    each recorded pass (the warm-up uses the first). ``journal``: a file that gets one JSON
+    line per recorded run as it ends, so that a bench stopped midway keeps what it measured."""
     tgt_dict = setup.task.target_dictionary
     floor_inputs: Dict[int, list] = {}
     out = Measurements()
@@ -128,6 +131,8 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
 
     # the progress bar counts the sentences of every run, the floor's included (it follows a
     # whole pass of greedy's)
+    if journal is not None:
+        open(journal, "w").close()
     progress = Progress(sum(sentences(passed(n, bs)) * (len(generators) + (GREEDY in generators and whole(n)))
                             for n in range(warmup + repeats) for bs in batches))
     for n in range(warmup + repeats):
@@ -144,11 +149,26 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
                         teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad()) for s in bs_batches
                     ]
                 log_run(label, name, bs, run, recorded, out, progress.advance(sentences(bs_batches)))
+                if recorded and journal is not None:
+                    write_journal(journal, n - warmup + 1, name, bs, run)
             if bs in floor_inputs:
                 floor_batches = floor_inputs[bs][: len(bs_batches)]
-                log_run(label, FLOOR, bs, score_split(setup, floor_batches), recorded, out,
-                        progress.advance(sentences(bs_batches)))
+                run = score_split(setup, floor_batches)
+                log_run(label, FLOOR, bs, run, recorded, out, progress.advance(sentences(bs_batches)))
+                if recorded and journal is not None:
+                    write_journal(journal, n - warmup + 1, FLOOR, bs, run)
     return out
+
+
+def write_journal(path: str, repetition: int, name: str, bs: int, run: Run) -> None:
+    """One recorded run as a JSON line: its seconds, sentences and (decoders) output tokens."""
+    line = {"config": name, "batch_size": bs, "repetition": repetition, "seconds": run.seconds,
+            "batches": len(run.batch_seconds)}
+    if run.hypotheses is not None:
+        line["sentences"] = len(run.hypotheses)
+        line["tokens"] = sum(len(tokens) for tokens in run.hypotheses.values())
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def sentences(batches) -> int:

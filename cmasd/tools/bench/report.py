@@ -350,6 +350,7 @@ def environment(args, setup: Setup) -> Dict[str, Any]:
         "sentences": setup.size,
         "split_sentences": setup.split_size,
         "fp16": args.fp16,
+        "bf16": args.bf16,
         "floor_kernels": setup.floor.kernels,
         "ct2_model": setup.ct2_model,
     }
