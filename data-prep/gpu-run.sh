@@ -221,6 +221,8 @@ if ! "$PY" -c "import fairseq" >/dev/null 2>&1; then
     "(make one with --prepare DIR here, carry it, and give --from DIR)"
   logged setup "$PY" -m pip install --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" \
     "$FROM"/wheels/*.whl
+  # byte-compiled once, on every core, rather than by each of the dozen processes that import it
+  logged compile "$PY" -m compileall -q -j 0 "$WORK/site" || log "some files did not compile (not needed)"
   export PYTHONPATH="$PYTHONPATH:$WORK/site"
 fi
 DEVICE="$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
