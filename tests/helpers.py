@@ -95,10 +95,12 @@ def generation_argv(data, verifier, *options):
     ``--required-batch-size-multiple 1``: with fairseq's default of 8, fairseq 0.12's
     batching silently drops sentences whenever the batch size is not a multiple of 8 or
     the split does not divide evenly (97 sentences at --batch-size 16 give 96
-    hypotheses), for its own generator as for ours."""
+    hypotheses), for its own generator as for ours. ``--num-workers 0``: batches are
+    loaded in this process; with fairseq's one worker, a run in this process often waits
+    about 5 s for the previous run's worker to shut down."""
     return [str(c) for c in (data, "--user-dir", PLUGINS, "--task", "translation_speculative", "--path", verifier,
                              "--gen-subset", "test", "--cpu", "--beam", "1", "--required-batch-size-multiple", "1",
-                             *options)]
+                             "--num-workers", "0", *options)]
 
 
 def generate(data, verifier, *options, check=True, cli=False):

@@ -54,7 +54,7 @@ class DecodeState:
     verifier: VerifierCache
     drafter: DrafterState  # the drafter's own record (``select``, ``grow``)
     controller: RowState  # the controller's per-row state (``select``)
-    shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``bounded``
+    shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``retire`` (or ``bounded``)
     longest: int = 1
 
     def select(self, keep: Tensor) -> "DecodeState":
@@ -142,6 +142,13 @@ class SpeculativeGenerator:
 
     ``observer``: None, or a callable given each iteration's ``StepRecord`` (``cmasd-trace``
     draws the iterations with it); None costs nothing.
+
+    Every tensor is made on the model's device, and an iteration reads the device from
+    the host only for what the host must decide: the block's width, the draft's horizon
+    where the controller budgets, and in ``retire`` (one read) which rows finished and the
+    bounds of the others' lengths; the parts add their own (a drafter's shapes, a ragged
+    block's layout, a planner on the host). The statistics are added up on the device and
+    read once per batch. ``tests/test_device.py`` holds every part to its budget.
     """
 
     def __init__(
@@ -205,16 +212,28 @@ class SpeculativeGenerator:
             t0 = now(state.tokens)
             state = self.retire(state, done, finished)
             stats.bookkeeping_seconds += now(state.tokens) - t0
+        stats.settle()  # the batch's one read of its statistics
         return Decoded(finished, stats)
 
     def retire(self, state: DecodeState, done: Tensor, finished: List[List[Dict[str, Tensor]]]) -> DecodeState:
         """Record the hypotheses of the rows that just finished (``done`` (B,) bool) and
-        drop them; make room in the caches for the next iteration of the others."""
-        for row in done.nonzero().flatten().tolist():
-            finished[int(state.rows[row])] = [self.hypothesis(state, row)]
-        if done.any():
-            state = state.select((~done).nonzero().flatten())
-        return self.reserve(state.bounded()) if state.rows.numel() else state
+        drop them; make room in the caches for the next iteration of the others. One
+        read from the device: which rows finished, their rows, lengths and steps, and
+        the bounds of the other rows' lengths (``shortest``, ``longest``)."""
+        bsz = done.numel()
+        bounds = torch.stack([torch.where(done, state.tokens.size(1), state.lengths).min(),
+                              torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
+        host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds]).tolist()  # (4B + 2,)
+        ended, rows, lengths, steps = (host[i * bsz : (i + 1) * bsz] for i in range(4))
+        kept = [row for row in range(bsz) if not ended[row]]
+        for row in range(bsz):
+            if ended[row]:
+                finished[rows[row]] = [self.hypothesis(state, row, lengths[row], steps[row])]
+        if len(kept) < bsz:
+            state = state.select(torch.tensor(kept, dtype=torch.long, device=done.device))
+        if not kept:
+            return state
+        return self.reserve(replace(state, shortest=host[-2], longest=host[-1]))
 
     @staticmethod
     def warn_empty_sources(sample: Dict[str, Any]) -> None:
@@ -262,7 +281,7 @@ class SpeculativeGenerator:
         t0 = now(state.tokens)
         random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
         budget = self.controller.budget(state.controller)  # (B,) or None
-        horizon = self.horizon if budget is None else int(budget.max())
+        horizon = self.horizon if budget is None else int(budget.max())  # a host read: the draft's shape
         request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None,
                           verifier=VerifierView(self.scorer, state.verifier) if self.drafter.reads_verifier else None)
         if horizon:
@@ -276,7 +295,7 @@ class SpeculativeGenerator:
         k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
         if draft.valid is not None:
             k = torch.minimum(k, draft.valid)  # (B,)
-        width = int(k.max())
+        width = int(k.max())  # a host read: the block's shape
         proposal = Proposal(
             draft.tokens[:, :width],  # (B, W)
             k,
@@ -297,7 +316,7 @@ class SpeculativeGenerator:
         state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
-        stats.observe(k, accepted, gained, block_confidence, draft.metrics, verdict.pardoned)
+        stats.observe(k, accepted, gained, block_confidence, draft.metrics, verdict.pardoned, width)
         t3 = now(state.tokens)
 
         stats.draft_seconds += t1 - t0
@@ -321,7 +340,9 @@ class SpeculativeGenerator:
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
         sent = offsets[None, :] <= proposal.k[:, None] if self.ragged and bsz > 1 else None  # (B, width + 1)
-        states, ragged = self.scorer.ragged_states(state.verifier, block, state.lengths - 1, sent, lower)
+        # the block reaches position longest - 1 + width: known on the host, not read
+        states, ragged = self.scorer.ragged_states(state.verifier, block, state.lengths - 1, sent, lower,
+                                                   end=state.longest + width)
         logits = self.scorer.decoder.logits(states)  # (B, width + 1, V), or (N, V) for the positions sent
         if ragged is not None:  # the positions not sent score 0 everywhere (never read)
             states, logits = ragged.unpack(states), ragged.unpack(logits)  # (B, width + 1, C), (B, width + 1, V)
@@ -375,9 +396,9 @@ class SpeculativeGenerator:
         )
         return state, gained, done
 
-    def hypothesis(self, state: DecodeState, row: int) -> Dict[str, Tensor]:
-        """fairseq's hypothesis record for a finished row (tokens end with eos)."""
-        length = int(state.lengths[row])
+    def hypothesis(self, state: DecodeState, row: int, length: int, steps: int) -> Dict[str, Tensor]:
+        """fairseq's hypothesis record for a finished row (tokens end with eos) of
+        ``length`` tokens (BOS included) after ``steps`` iterations, read on the host."""
         tokens = state.tokens[row, 1:length]
         positional = state.scores[row, 1:length]
         score = positional.sum()
@@ -387,7 +408,7 @@ class SpeculativeGenerator:
             "tokens": tokens,
             "score": score,
             "attention": None,
-            "alignment": torch.empty(0),
+            "alignment": state.scores.new_empty(0),
             "positional_scores": positional.clone(),
-            "steps": int(state.steps[row]),
+            "steps": steps,
         }

@@ -12,6 +12,37 @@ from torch import Tensor
 from cmasd.drafters.registry import METRIC_REPORTS
 
 
+def padded(counts: Tensor, size: int) -> Tensor:
+    """``counts`` (n,) with zeros appended up to (size,) (n <= size)."""
+    return torch.nn.functional.pad(counts, (0, size - counts.numel()))
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Counts of iterations added up on the device, not yet read (``DecodeStats.settle``)."""
+
+    counts: Tensor  # (5,) long: tokens gained, drafted, accepted, rollbacks, pardoned
+    confidence: Tensor  # () float64: the mean block confidence of every row-iteration, summed
+    sent: Tensor  # (W,) long: drafts sent at each position
+    kept: Tensor  # (W,) long: drafts accepted at each position
+    ks: Tensor  # (W + 1,) long: row-iterations that sent k drafts, k = 0 .. W
+    metrics: Dict[str, Tensor]  # a drafter's metric name -> () long total
+
+    def plus(self, other: "Pending") -> "Pending":
+        """Both iterations' counts; the position counts as wide as the wider."""
+        width = max(self.sent.numel(), other.sent.numel())
+        names = {**self.metrics, **other.metrics}
+        return Pending(
+            self.counts + other.counts,
+            self.confidence + other.confidence,
+            padded(self.sent, width) + padded(other.sent, width),
+            padded(self.kept, width) + padded(other.kept, width),
+            padded(self.ks, width + 1) + padded(other.ks, width + 1),
+            {name: self.metrics[name] + other.metrics[name] if name in self.metrics and name in other.metrics
+             else names[name] for name in names},
+        )
+
+
 @dataclass
 class DecodeStats:
     """Counters of one or more ``generate`` calls.
@@ -38,48 +69,73 @@ class DecodeStats:
     k_histogram: Counter = field(default_factory=Counter)
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
+    pending: Optional["Pending"] = field(default=None, repr=False, compare=False)  # counts still on the device
 
     def observe(self, k: Tensor, accepted: Tensor, gained: Tensor, confidence: Optional[Tensor],
-                metrics: Optional[Mapping[str, Tensor]] = None, pardoned: Optional[Tensor] = None) -> None:
+                metrics: Optional[Mapping[str, Tensor]] = None, pardoned: Optional[Tensor] = None,
+                width: Optional[int] = None) -> None:
         """One iteration: per-row draft length ``k``, accepted drafts, tokens gained,
         and mean confidence of the drafted block (all (B,); the confidence None where
         no part of the decoder needed it); ``metrics``: the drafter's own counts, name ->
-        (B,); ``pardoned`` (B,): accepted drafts a relaxed test let through (None: none). A
-        few host transfers per iteration, not a few per drafted position."""
-        metrics = metrics or {}
-        width = int(k.max()) if k.numel() else 0
+        (B,); ``pardoned`` (B,): accepted drafts a relaxed test let through (None: none);
+        ``width``: ``k.max()`` where the caller knows it on the host (None: read here).
+        The counts stay on ``k``'s device, added up there (``Pending``) until ``settle``
+        reads them all at once: the loop reads nothing from the device for its
+        statistics until the batch ends."""
+        if width is None:
+            width = int(k.max()) if k.numel() else 0
         position = torch.arange(width, device=k.device)  # (W,)
-        sent = (k[:, None] > position).sum(dim=0)  # (W,) rows that sent a draft at each position
-        kept = (accepted[:, None] > position).sum(dim=0)  # (W,) rows that accepted it
         pardons = accepted.new_zeros(()) if pardoned is None else pardoned.sum()
-        counts = torch.stack(
-            [gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum(), pardons]
-            + [value.sum().long() for value in metrics.values()]
-        )  # (5 + metrics,)
-        counts, sent, kept, ks = (t.tolist() for t in (counts, sent, kept, k))
-        self.metrics.update(dict(zip(metrics, counts[5:])))
-        self.iterations += len(ks)
+        iteration = Pending(
+            counts=torch.stack([gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum(), pardons]),  # (5,)
+            confidence=k.new_zeros((), dtype=torch.float64) if confidence is None else confidence.sum().double(),
+            sent=(k[:, None] > position).sum(dim=0),  # (W,) rows that sent a draft at each position
+            kept=(accepted[:, None] > position).sum(dim=0),  # (W,) rows that accepted it
+            ks=k.new_zeros(width + 1).index_add_(0, k, torch.ones_like(k)),  # (W + 1,) rows that sent k drafts
+            metrics={name: value.sum().long() for name, value in (metrics or {}).items()},
+        )
+        self.pending = iteration if self.pending is None else self.pending.plus(iteration)
+        self.iterations += k.numel()
         self.batch_iterations += 1
+        if confidence is not None:
+            self.confidence_rows += confidence.numel()
+
+    def settle(self) -> None:
+        """Read the counts ``observe`` left on the device (one transfer) into these."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        names = list(pending.metrics)
+        parts = [pending.counts, pending.confidence[None], pending.sent, pending.kept, pending.ks,
+                 *(pending.metrics[name][None] for name in names)]
+        values = torch.cat([part.double() for part in parts]).tolist()  # exact: counts far below 2**53
+        counts, values = [int(v) for v in values[:5]], values[5:]
         self.tokens += counts[0]
         self.drafted += counts[1]
         self.accepted += counts[2]
         self.rollbacks += counts[3]
         self.pardoned += counts[4]
-        if confidence is not None:
-            self.confidence_sum += float(confidence.sum())
-            self.confidence_rows += confidence.numel()
-        self.k_histogram.update(ks)
+        self.confidence_sum += values[0]
+        width = pending.sent.numel()
+        sent, kept = values[1 : 1 + width], values[1 + width : 1 + 2 * width]
+        ks, found = values[1 + 2 * width : 2 + 3 * width], values[2 + 3 * width :]
+        self.k_histogram.update({k: int(rows) for k, rows in enumerate(ks) if rows})
+        self.metrics.update({name: int(total) for name, total in zip(names, found)})
         if len(self.position_sent) < width:
             grow = width - len(self.position_sent)
             self.position_sent += [0] * grow
             self.position_accepted += [0] * grow
         for i in range(width):
-            self.position_sent[i] += sent[i]
-            self.position_accepted[i] += kept[i]
+            self.position_sent[i] += int(sent[i])
+            self.position_accepted[i] += int(kept[i])
 
     def add(self, other: "DecodeStats") -> None:
         """Add ``other``'s counts and times to these (the statistics of a run of calls)."""
+        self.settle()
+        other.settle()
         for f in fields(self):
+            if f.name == "pending":
+                continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if isinstance(mine, list):
                 longer = max(len(mine), len(theirs))
@@ -90,6 +146,7 @@ class DecodeStats:
 
     def summary(self) -> Dict[str, object]:
         """The figures users report, as a flat dictionary."""
+        self.settle()
         its = max(self.iterations, 1)
         batch_its = max(self.batch_iterations, 1)
         return {

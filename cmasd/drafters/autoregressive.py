@@ -115,15 +115,19 @@ class AutoregressiveDrafter(ModelDrafter):
     def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
         """Feed each row's tokens from its cached length to its accepted length, then draft
         ``request.horizon`` tokens one at a time (fewer when every row has drafted a token
-        below ``request.stop_below``)."""
+        below ``request.stop_below``). One host read for the shapes (how many tokens to
+        feed, how far the longest row reaches), and with ``stop_below`` one after each
+        drafted token but the last (whether every row is unsure)."""
         bsz, width = tokens.shape
         # every row feeds its last ``fed`` tokens (rows with fewer recompute some cached
         # ones, which is harmless), so each row's last accepted token sits at one index
-        fed = int((lengths - state.cached).max())
+        fed, longest = torch.stack([(lengths - state.cached).max(), lengths.max()]).tolist()
         start = (lengths - fed).clamp(min=0)  # (B,)
         index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
-        # logits over the vocabulary (V), or over the shortlist's N pieces
-        logits = self.scorer.score(state.cache, tokens.gather(1, index), start)  # (B, fed, V or N)
+        # logits over the vocabulary (V), or over the shortlist's N pieces; the fed block
+        # ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0)
+        logits = self.scorer.score(state.cache, tokens.gather(1, index), start,
+                                   end=max(longest, fed))  # (B, fed, V or N)
         last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V or N)
         uniforms = request.uniforms()  # (B, H) or None
         steps, drafted, dists = [], [], []
@@ -134,7 +138,7 @@ class AutoregressiveDrafter(ModelDrafter):
             steps.append(last)  # (B, V or N)
             drafted.append(token)  # (B,)
             dists.append(dist)  # (B, V) or None
-            if request.stop_below is not None:
+            if request.stop_below is not None and i + 1 < request.horizon:  # after the last, nothing to save
                 # the argmax's probability, or the drawn token's in the distribution it was drawn from
                 sure = (torch.log_softmax(last.float(), dim=-1).max(dim=-1).values.exp() if dist is None
                         else chosen_probability(dist, token))  # (B,)
@@ -142,7 +146,8 @@ class AutoregressiveDrafter(ModelDrafter):
                 if bool(unsure.all()):
                     break
             if i + 1 < request.horizon:
-                last = self.scorer.score(state.cache, token[:, None], lengths + i)[:, 0]  # (B, V or N)
+                last = self.scorer.score(state.cache, token[:, None], lengths + i,
+                                         end=longest + i + 1)[:, 0]  # (B, V or N)
         made = len(drafted)
         valid = None
         if made < request.horizon:  # stopped early: the positions after are never sent

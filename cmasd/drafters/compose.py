@@ -74,7 +74,8 @@ class Fallback(Drafter):
     def draft(self, state: FallbackState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, FallbackState]:
         a, first_state = self.first.draft(state.first, tokens, lengths, request)
         served = a.offered() > 0  # (B,)
-        if bool(served.all()):
+        every, some = torch.stack([served.all(), served.any()]).tolist()  # one host read
+        if every:
             return a, FallbackState(first_state, state.second)
         b, second_state = self.second.draft(state.second, tokens, lengths, request)
         keep = served  # (B,)
@@ -88,4 +89,4 @@ class Fallback(Drafter):
             confidence=merged(keep, a.confidence, b.confidence),
             metrics=merged_metrics(keep, a.metrics, b.metrics),
         )
-        return draft, FallbackState(first_state, second_state, not bool(keep.any()))
+        return draft, FallbackState(first_state, second_state, not some)

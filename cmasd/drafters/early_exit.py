@@ -206,6 +206,7 @@ class EarlyExitDrafter(ModelDrafter):
         bsz, device = tokens.size(0), tokens.device
         width = min(request.horizon, self.max_horizon)
         start = lengths - 1  # (B,) position of the last accepted token
+        longest = int(lengths.max())  # a host read: the fed tokens' positions reach longest - 1 + j
         feed = tokens.gather(1, start[:, None])  # (B, 1)
         feeding = torch.ones(bsz, dtype=torch.bool, device=device)
         drafts = tokens.new_full((bsz, width), self.pad)
@@ -220,13 +221,14 @@ class EarlyExitDrafter(ModelDrafter):
             x = scorer.embed(feed, position)  # (B, 1, C)
             after = [x]
             wants = feeding & (j < width)  # (B,) rows that draft a token from this one
-            drafting = bool(wants.any())
+            # some row does: every row feeds the first token, a later one is fed only while some row feeds
+            drafting = j < width
             limit = self.d_max if drafting else min(depths)  # the last token: only the layers all ran
             exited = torch.zeros(bsz, dtype=torch.bool, device=device)
             choice = torch.full((bsz,), self.pad, dtype=torch.long, device=device)
             ran = 0
             while ran < limit:
-                x = scorer.run(cache, x, position, ran, ran + 1)  # (B, 1, C)
+                x = scorer.run(cache, x, position, ran, ran + 1, end=longest + j)  # (B, 1, C)
                 ran += 1
                 after.append(x)
                 if not drafting:

@@ -104,7 +104,8 @@ class BlockScorer:
         cross, cross_bias = dec.cross_keys(states, real)
         return VerifierCache([states.new_zeros(shape) for _ in dec.layers], cross, cross_bias)
 
-    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None) -> Tensor:
+    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None,
+              end: Optional[int] = None) -> Tensor:
         """Logits of the next token after each of ``tokens`` (B, n) placed at
         positions ``start`` (B,) onwards; writes their keys/values into ``cache``.
         With ``lower``, the block's states after its lowest ``lower.layers`` layers are
@@ -113,16 +114,19 @@ class BlockScorer:
         Returns (B, n, V). Rows may use fewer than n tokens: the surplus scores are
         garbage the caller ignores, and the cache entries they write lie past the
         row's length (overwritten later). The cache must hold ``start + n``
-        positions for every row, padded ones included.
+        positions for every row, padded ones included. ``end``: ``(start + n).max()`` where
+        the caller knows it on the host (None: read from the device, ``run``).
         """
-        return self.decoder.logits(self.states(cache, tokens, start, lower))  # (B, n, V)
+        return self.decoder.logits(self.states(cache, tokens, start, lower, end))  # (B, n, V)
 
-    def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None) -> Tensor:
+    def states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None,
+               end: Optional[int] = None) -> Tensor:
         """``score``'s decoder states after the last layer, before the output head: (B, n, C)."""
-        return self.ragged_states(cache, tokens, start, None, lower)[0]
+        return self.ragged_states(cache, tokens, start, None, lower, end)[0]
 
     def ragged_states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor],
-                      lower: Optional[LowerLayers] = None) -> Tuple[Tensor, Optional[Ragged]]:
+                      lower: Optional[LowerLayers] = None,
+                      end: Optional[int] = None) -> Tuple[Tensor, Optional[Ragged]]:
         """``states`` of a block whose rows send only their first positions, ``valid``
         (B, n) bool (None: all): the position-wise arithmetic runs on those alone
         (``cmasd.layers.transformer.Ragged``). Returns the states and their layout: packed
@@ -139,7 +143,7 @@ class BlockScorer:
             ragged = None
         if ragged is not None:
             x = ragged.pack(x)
-        return self.run(cache, x, start, first, ragged=ragged), ragged
+        return self.run(cache, x, start, first, ragged=ragged, end=end), ragged
 
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
         """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""
@@ -147,16 +151,18 @@ class BlockScorer:
         return self.decoder.embed(tokens, (index + self.padding_idx + 1).clamp(max=self.last_position))
 
     def run(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int = 0, last: Optional[int] = None,
-            ragged: Optional[Ragged] = None) -> Tensor:
+            ragged: Optional[Ragged] = None, end: Optional[int] = None) -> Tensor:
         """Decoder layers ``first`` .. ``last`` - 1 (default: all) over the states x (B, n, C)
         of a block at positions ``start`` (B,) onwards, attending to each row's cached
         prefix and causally within the block; writes the block's keys/values of those
         layers into ``cache``. Returns the states after layer ``last`` - 1: (B, n, C).
-        With ``ragged``, x and the result are the block's counting positions packed (N, C)."""
+        With ``ragged``, x and the result are the block's counting positions packed (N, C).
+        ``end``: ``(start + n).max()``, the positions the block's attention spans, where the
+        caller knows it on the host; None: read from the device (a host synchronisation)."""
         bsz, n = (x.shape[:2] if ragged is None else (ragged.rows, ragged.length))
         dec = self.decoder
         index = start[:, None] + torch.arange(n, device=x.device)[None, :]  # (B, n) sequence positions
-        used = int(index.max()) + 1
+        used = int(index.max()) + 1 if end is None else end
         if used > cache.capacity:
             raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.capacity} (grow it)")
         key_pos = torch.arange(used, device=x.device)

@@ -159,7 +159,8 @@ class GemvLinear(PackedLinear):
 
 class Int8Linear(nn.Module):
     """int8 weights, activations quantized on the fly (PyTorch dynamic quantization, CPU),
-    optionally followed by ReLU."""
+    optionally followed by ReLU. Activations of a float16 or bfloat16 drafter (``--fp16``)
+    go in as float32, which is all dynamic quantization takes, and come out in their dtype."""
 
     def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
         super().__init__()
@@ -178,7 +179,7 @@ class Int8Linear(nn.Module):
         self.relu = relu
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.linear(x)
+        y = self.linear(x.float()).to(x.dtype)
         return F.relu(y) if self.relu else y
 
 

@@ -108,10 +108,11 @@ class Ragged:
     @classmethod
     def of(cls, valid: Tensor) -> Optional["Ragged"]:
         """The layout of a block whose positions ``valid`` (B, T) bool count (a prefix of
-        each row); None where every position counts."""
-        if bool(valid.all()):
+        each row); None where every position counts. One host read: how many count."""
+        index = valid.flatten().nonzero().flatten()  # (N,)
+        if index.numel() == valid.numel():
             return None
-        return cls(valid.flatten().nonzero().flatten(), valid.size(0), valid.size(1))
+        return cls(index, valid.size(0), valid.size(1))
 
     def pack(self, x: Tensor) -> Tensor:
         """(B, T, K) -> (N, K)."""
@@ -171,6 +172,10 @@ def attend_biased(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Te
     bias (B, 1, Tq, Tk) of 0/-inf or None. Softmax in float32, as fairseq's."""
     if q.size(-2) * k.size(-2) >= FUSED_ATTENTION_MIN_PAIRS and q.dtype == torch.float32:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)  # (B, H, Tq, d)
+    if q.dtype != torch.float32:
+        # fairseq's keys and values are contiguous; a view of a cache (B, 2H, capacity, d)
+        # takes another float16 matmul path at batch sizes above 1, which rounds otherwise
+        k, v = k.contiguous(), v.contiguous()  # (B, H, Tk, d) each
     weights = torch.matmul(q, k.transpose(-1, -2))  # (B, H, Tq, Tk)
     if bias is not None:
         weights = weights + bias
@@ -195,6 +200,18 @@ def fold(scaling: float) -> Tuple[Optional[float], float]:
 
 def identity(x: Tensor) -> Tensor:
     return x
+
+
+def on_contiguous(linear: Callable[[Tensor], Tensor], states: Tensor) -> Tensor:
+    """``linear`` over states (B, S, C) -> (B, S, C'), run on the layout they are stored in:
+    fairseq's encoder output is (S, B, C), and its encoder attention projects it as it is.
+    On the (B, S, C) view of it, torch's float16 and bfloat16 linear layers take another
+    path on a CPU, which rounds differently (on random states of 16 sentences: up to 0.03
+    apart in float16, 0.12 in bfloat16), and the verifier's greedy output then differs
+    from fairseq's at batch sizes above 1. (In float32 both give the same keys here.)"""
+    if states.is_contiguous() or not states.transpose(0, 1).is_contiguous():
+        return linear(states)
+    return linear(states.transpose(0, 1)).transpose(0, 1)  # (S, B, C') -> (B, S, C')
 
 
 # --------------------------------------------------------------------------- the layer
@@ -399,8 +416,8 @@ class PreparedLayer(TransformerLayer):
         """Encoder-attention keys and values (B, S, C) -> two (B, H, S, d), contiguous:
         made once per batch and read every iteration, where a strided view would be copied
         by every attention product (at 1,000 source tokens that copy was 70% of a pass)."""
-        return (split_heads(self.cross_k(encoder_states), self.heads).contiguous(),
-                split_heads(self.cross_v(encoder_states), self.heads).contiguous())
+        return (split_heads(on_contiguous(self.cross_k, encoder_states), self.heads).contiguous(),
+                split_heads(on_contiguous(self.cross_v, encoder_states), self.heads).contiguous())
 
     def encode(self, x: Tensor, padding_bias: Optional[Tensor]) -> Tensor:
         """An encoder layer: x (B, S, C) -> (B, S, C); ``padding_bias`` (B, 1, 1, S) masks
@@ -412,12 +429,14 @@ class PreparedLayer(TransformerLayer):
 # --------------------------------------------------------------------------- a decoder's input and output
 
 
-def position_embeddings(embed_positions, positions: Tensor, like: Tensor) -> Tensor:
+def position_embeddings(embed_positions, positions: Tensor, like: Tensor, last: Optional[int] = None) -> Tensor:
     """Embeddings of explicit positions (B, T) for fairseq's learned or sinusoidal
-    position modules; positions count as fairseq's do (padding_idx + 1 + index)."""
+    position modules; positions count as fairseq's do (padding_idx + 1 + index).
+    ``last``: the largest position the caller passes, known on the host (None: read
+    from ``positions``, a host synchronisation): the sinusoidal table must reach it."""
     if hasattr(embed_positions, "weights"):  # SinusoidalPositionalEmbedding
         weights = embed_positions.weights
-        needed = int(positions.max()) + 1
+        needed = (int(positions.max()) if last is None else last) + 1
         if needed > weights.size(0):
             weights = embed_positions.get_embedding(
                 needed, embed_positions.embedding_dim, embed_positions.padding_idx
@@ -433,12 +452,15 @@ def embed(decoder, tokens: Tensor, positions: Tensor) -> Tensor:
 
 def embed_vectors(decoder, vectors: Tensor, positions: Tensor) -> Tensor:
     """``embed`` for input vectors (B, T, C_in) already looked up (e.g. the drafter's
-    learned mask vector in place of a token embedding)."""
+    learned mask vector in place of a token embedding). The positions are at most the
+    decoder's last, ``padding_idx + max_positions()``: every caller clamps them there
+    (``BlockScorer.embed``, ``SpecDrafterDecoder.positions``)."""
     x = decoder.embed_scale * vectors  # (B, T, C)
     if getattr(decoder, "project_in_dim", None) is not None:
         x = decoder.project_in_dim(x)
     if decoder.embed_positions is not None:
-        x = x + position_embeddings(decoder.embed_positions, positions, x)
+        last = decoder.padding_idx + decoder.max_positions()  # the largest position any caller passes
+        x = x + position_embeddings(decoder.embed_positions, positions, x, last)
     if getattr(decoder, "layernorm_embedding", None) is not None:
         x = decoder.layernorm_embedding(x)
     return x

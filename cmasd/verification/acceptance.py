@@ -25,10 +25,22 @@ from cmasd.verification.base import leading_accepted
 from cmasd.verification.rejection import SAMPLING_RULES
 
 
+def top1(verifier_lprobs: Tensor) -> Tensor:
+    """The verifier's greedy token at every position, (..., V) -> (...,), chosen as
+    fairseq's ``--beam 1`` chooses it: the first of ``torch.topk`` with k = 2 over the
+    row (its ``BeamSearch.step``), not ``argmax``. The two break exact ties differently,
+    and in bfloat16 or float16 ties between the two best logits are common (75 of 5,223
+    greedy steps on the tests' probe set in bfloat16, 9 of 5,550 in float16); the same
+    call on the same row breaks them as fairseq does. (fairseq adds the hypothesis's
+    score so far first, in float32: a tie that addition makes of two values closer than
+    its rounding is not reproduced; none occurred there.)"""
+    return verifier_lprobs.topk(min(2, verifier_lprobs.size(-1)), dim=-1).indices[..., 0]
+
+
 def next_token(verifier_lprobs: Tensor, accepted: Tensor) -> Tensor:
-    """The verifier's top-1 at position ``accepted`` of every row: (B,)."""
+    """The verifier's top-1 (``top1``) at position ``accepted`` of every row: (B,)."""
     rows = torch.arange(verifier_lprobs.size(0), device=accepted.device)
-    return verifier_lprobs[rows, accepted].argmax(dim=-1)  # (B,)
+    return top1(verifier_lprobs[rows, accepted])  # (B,)
 
 
 def gap_to_top1(proposal: Tensor, verifier_lprobs: Tensor, beta: int) -> Tuple[Tensor, Tensor]:
@@ -65,9 +77,9 @@ class Exact(AcceptanceRule):
         return cls()
 
     def accept(self, proposal: Proposal, verifier_lprobs: Tensor) -> Verdict:
-        top1 = verifier_lprobs.argmax(dim=-1)  # (B, K+1): every position's top-1, the next token's included
-        accepted = leading_accepted(top1[:, : proposal.tokens.size(1)] == proposal.tokens, proposal.k)  # (B,)
-        return Verdict(accepted, top1.gather(1, accepted[:, None]).squeeze(1))
+        best = top1(verifier_lprobs)  # (B, K+1): every position's top-1, the next token's included
+        accepted = leading_accepted(best[:, : proposal.tokens.size(1)] == proposal.tokens, proposal.k)  # (B,)
+        return Verdict(accepted, best.gather(1, accepted[:, None]).squeeze(1))
 
 
 class TopKGap(AcceptanceRule):

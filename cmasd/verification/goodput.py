@@ -81,16 +81,16 @@ class GoodputOptions:
 class GoodputState(RowState):
     """Per row: decayed counts of accepted and rejected drafts, the plan for the next
     iteration (on the model's device), iterations since it last drafted, and its current
-    wait before a probe (the counts on the host, where the plan is made)."""
+    wait before a probe (the counts in numpy arrays on the host, where the plan is made)."""
 
-    hits: Tensor  # (B,) float
-    misses: Tensor  # (B,) float
+    hits: np.ndarray  # (B,) float
+    misses: np.ndarray  # (B,) float
     plan: Tensor  # (B,) long: drafts to send next iteration
-    step: Tensor  # (B,) long: iterations the row has run
-    wait: Tensor  # (B,) long: its probe period (a row at 0 probes at multiples of it)
+    step: np.ndarray  # (B,) int64: iterations the row has run
+    wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it)
 
     def select(self, rows: Tensor) -> "GoodputState":
-        here = rows.cpu()
+        here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
         return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step[here], self.wait[here])
 
 
@@ -188,9 +188,9 @@ class Goodput(Controller):
 
     def start(self, rows: int, device: torch.device) -> GoodputState:
         prior = np.full(rows, self.prior)
-        return GoodputState(torch.from_numpy(PRIOR_WEIGHT * prior), torch.from_numpy(PRIOR_WEIGHT * (1 - prior)),
-                            torch.from_numpy(self.plan(prior)).to(device), torch.zeros(rows, dtype=torch.long),
-                            torch.full((rows,), self.probe_every, dtype=torch.long))
+        return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior),
+                            torch.as_tensor(self.plan(prior), device=device), np.zeros(rows, dtype=np.int64),
+                            np.full(rows, self.probe_every, dtype=np.int64))
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -199,22 +199,20 @@ class Goodput(Controller):
         return state.plan.clamp(max=draft.tokens.size(1))
 
     def observe(self, state: GoodputState, proposed: Tensor, accepted: Tensor) -> GoodputState:
-        """On the host (the counts live there; one transfer of this iteration's counts),
-        in numpy: a handful of operations on a few numbers each, where torch's would cost
-        more than the planning itself."""
-        sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each
+        """On the host (the counts live there; one read of this iteration's counts), in
+        numpy: a handful of operations on a few numbers each, where torch's would cost
+        more than the planning itself. The plan goes back to the device."""
+        sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each: the host read
         drafted = sent > 0
         keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
-        hits = state.hits.numpy() * keep + kept
-        misses = state.misses.numpy() * keep + (drafted & (kept < sent))
+        hits = state.hits * keep + kept
+        misses = state.misses * keep + (drafted & (kept < sent))
         acceptance = hits / (hits + misses)
         plan = self.plan(acceptance)  # (B,)
-        step = state.step.numpy() + 1  # (B,) the index of the row's next iteration
-        wait = np.where(plan > 0, self.probe_every, state.wait.numpy())
-        probe = (plan == 0) & (step % state.wait.numpy() == 0)  # (B,)
+        step = state.step + 1  # (B,) the index of the row's next iteration
+        wait = np.where(plan > 0, self.probe_every, state.wait)
+        probe = (plan == 0) & (step % state.wait == 0)  # (B,)
         if probe.any():
             plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
-            wait = np.where(probe, state.wait.numpy() * 2, wait)
-        return GoodputState(torch.from_numpy(hits), torch.from_numpy(misses),
-                            torch.from_numpy(plan).to(state.plan.device), torch.from_numpy(step),
-                            torch.from_numpy(wait))
+            wait = np.where(probe, state.wait * 2, wait)
+        return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), step, wait)

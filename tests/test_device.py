@@ -1,0 +1,323 @@
+"""The decoding loop is device-clean (issue 46), proved on the CPU: every tensor the loop
+makes is made on the model's device (a device named, or derived from a tensor), and an
+iteration reads the device from the host no more than its budget says.
+
+A ``TorchFunctionMode`` (``Recorder``) watches ``SpeculativeGenerator.decode`` on tiny
+random models: every factory call without ``device=`` (and every ``torch.from_numpy``)
+is a stray tensor, which on a GPU would be a host tensor; every host read (``.item()``,
+``.tolist()``, ``.cpu()``, ``bool()``, ``int()``, ``float()``, ``__index__``, and the
+calls whose output size depends on the data: ``nonzero``, boolean masks) is a
+synchronisation, which on a GPU waits for the queued work. The reads are
+counted per iteration (``step`` and the ``retire`` after it) and outside the loop, for
+every drafter kind, every acceptance rule and every controller, greedy and sampling, at
+batch 1 and on a ragged batch, and must equal the budget exactly: a new read fails, and
+so does a read removed without its budget lowered.
+"""
+
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+import torch
+from helpers import draft_model, random_heads, ragged_source, tiny_drafter
+from torch.overrides import TorchFunctionMode
+
+import cmasd
+from cmasd.core.costs import Costs
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.drafters.autoregressive import AutoregressiveDrafter
+from cmasd.drafters.blockwise import BlockwiseDrafter
+from cmasd.drafters.compose import Fallback
+from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads
+from cmasd.drafters.ngram import HistoryNgram, SourceNgram
+from cmasd.drafters.registry import DRAFTER_KINDS
+from cmasd.drafters.spec_drafter import SpecDrafter
+from cmasd.options import SpeculativeDecodingConfig
+from cmasd.verification.acceptance import ACCEPTANCE_RULES
+from cmasd.verification.confidence import ConfidenceSpec
+from cmasd.verification.controllers import CONTROLLERS
+from cmasd.verification.sampling import Sampling
+
+FACTORIES = {"zeros", "ones", "full", "empty", "arange", "range", "tensor", "as_tensor", "rand", "randn", "randint",
+             "randperm", "linspace", "logspace", "eye", "empty_strided", "scalar_tensor"}
+READS = {"item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere",
+         "masked_select", "unique", "unique_consecutive", "bincount", "repeat_interleave", "__format__", "__repr__"}
+LIBRARY = str(Path(cmasd.__file__).parent) + os.sep
+
+
+
+
+def site() -> str:
+    """The innermost frame of the library that made the call: ``file:line``, the file
+    relative to the package (``decoding/generator.py``); ``?`` outside it."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(LIBRARY):
+            return f"{name[len(LIBRARY):]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def masked(args) -> bool:
+    """Whether ``tensor[index]`` indexes with a boolean tensor (its size depends on the data)."""
+    index = args[1] if len(args) > 1 else None
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
+
+
+class Recorder(TorchFunctionMode):
+    """Stray factory calls and host reads during ``decode``; the reads by iteration."""
+
+    def __init__(self):
+        super().__init__()
+        self.iteration: Optional[int] = None  # inside the loop: the iteration; None: outside it
+        self.strays: List[str] = []
+        self.inside: List[List[str]] = []  # per iteration, its reads
+        self.outside: List[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in FACTORIES and kwargs.get("device") is None:
+            self.strays.append(f"torch.{name} at {site()}")
+        elif name in READS or (name == "__getitem__" and masked(args)):
+            read = f"{name} at {site()}"
+            (self.outside if self.iteration is None else self.inside[self.iteration]).append(read)
+        return func(*args, **kwargs)
+
+    def watch(self, generator: SpeculativeGenerator) -> None:
+        """Mark the loop's iterations: ``step`` opens one, its ``retire`` closes it."""
+        step, retire = generator.step, generator.retire
+
+        def stepped(*args, **kwargs):
+            self.iteration = len(self.inside)
+            self.inside.append([])
+            return step(*args, **kwargs)
+
+        def retired(*args, **kwargs):
+            try:
+                return retire(*args, **kwargs)
+            finally:
+                self.iteration = None
+
+        generator.step, generator.retire = stepped, retired
+
+
+def from_numpy(recorder: Recorder, original):
+    """``torch.from_numpy`` (which no mode sees), recorded as a stray: it makes a host tensor."""
+    def recorded(array):
+        recorder.strays.append(f"torch.from_numpy at {site()}")
+        return original(array)
+    return recorded
+
+
+@dataclass
+class Decoded:
+    """What the recorder saw of one ``decode``, and its hypotheses."""
+
+    strays: List[str]
+    inside: List[List[str]]
+    outside: List[str]
+    hypotheses: list
+
+
+def recorded_decode(generator, sample, monkeypatch) -> Decoded:
+    """``generator.decode(sample)`` under a ``Recorder``."""
+    recorder = Recorder()
+    recorder.watch(generator)
+    monkeypatch.setattr(torch, "from_numpy", from_numpy(recorder, torch.from_numpy))
+    with recorder:
+        hypotheses, stats = generator.decode(sample)
+    monkeypatch.undo()
+    assert stats.batch_iterations == len(recorder.inside)
+    return Decoded(recorder.strays, recorder.inside, recorder.outside, hypotheses)
+
+
+# ------------------------------------------------------------------ the parts
+
+HORIZON = 3
+D_MAX = 1  # SpecBound's deepest exit
+MAX_LEN_B = 14
+
+
+@pytest.fixture(scope="module")
+def models():
+    spec_model, verifier, dictionary = tiny_drafter(seed=5)
+    return {"spec": spec_model, "verifier": verifier, "dictionary": dictionary,
+            "ar": draft_model(verifier, dictionary), "heads": random_heads(verifier)}
+
+
+def drafter_of(kind: str, m) -> object:
+    """A drafter of ``kind`` on the models ``m``, as test_drafters.py builds every kind."""
+    verifier, dictionary = m["verifier"], m["dictionary"]
+    pad, eos, bos = dictionary.pad(), dictionary.eos(), dictionary.bos()
+    ar = AutoregressiveDrafter(m["ar"], "native", shares_encoder=True)
+    return {
+        "spec": lambda: SpecDrafter(m["spec"], "native"),
+        "autoregressive": lambda: ar,
+        "specbound": lambda: EarlyExitDrafter(VerifierHeads(), len(verifier.decoder.layers), pad, alpha=0.0, tau=0.05,
+                                              d_max=D_MAX, w_max=HORIZON),
+        "blockwise": lambda: BlockwiseDrafter(m["heads"], pad),
+        "history": lambda: HistoryNgram(1),
+        "source": lambda: SourceNgram(1, pad, eos, bos),
+        "history+source+autoregressive": lambda: Fallback(HistoryNgram(2), Fallback(SourceNgram(1, pad, eos, bos), ar)),
+    }[kind]()
+
+
+DRAFTERS = ["spec", "autoregressive", "specbound", "blockwise", "history", "source", "history+source+autoregressive"]
+SAMPLING_DRAFTERS = [kind for kind in DRAFTERS if kind not in ("specbound", "blockwise")]
+
+
+def test_every_drafter_kind_is_here():
+    assert set(DRAFTER_KINDS) <= set(DRAFTERS)
+    assert all(DRAFTER_KINDS[kind].samples for kind in SAMPLING_DRAFTERS if kind in DRAFTER_KINDS)
+
+
+def options(**values):
+    return replace(SpeculativeDecodingConfig(), spec_k=HORIZON, spec_k_min=1, spec_k_max=HORIZON, **values)
+
+
+def costs() -> Costs:
+    """A cost table on which drafting pays: a position a tenth of a pass, a draft position a hundredth."""
+    widths = tuple(range(1, HORIZON + 2))
+    return Costs((1, 8), widths, tuple(tuple(1e-3 * rows * (1 + 0.1 * (w - 1)) for w in widths) for rows in (1, 8)),
+                 tuple(tuple(1e-5 * k for k in range(HORIZON + 1)) for _ in (1, 8)), (1e-4, 1e-4), ragged=True)
+
+
+def generator(m, drafter: str = "spec", rule: str = "exact", controller: str = "fixed",
+              sampling: Optional[Sampling] = None):
+    """A generator of the named parts, built from the options as fairseq-generate builds them."""
+    cfg = options(spec_controller=controller)
+    parts = CONTROLLERS[controller].from_config(cfg, None)
+    if parts.needs_costs:
+        parts.use_costs(costs())
+    rules = LengthRules(max_len_b=MAX_LEN_B, max_positions=m["verifier"].max_decoder_positions(), min_len=2)
+    return SpeculativeGenerator(m["verifier"], drafter_of(drafter, m), m["dictionary"], parts,
+                                ACCEPTANCE_RULES[rule].from_config(cfg), ConfidenceSpec(), rules, sampling=sampling)
+
+
+def sample(m, bsz: int):
+    """``bsz`` sentences of sources of 2 .. 7 tokens (one at batch 1)."""
+    src, lengths = ragged_source(m["dictionary"], torch.Generator().manual_seed(bsz), bsz, longest=7)
+    return {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+# ------------------------------------------------------------------ the budgets
+
+# The host reads an iteration may make, by the part of the library that makes them (the
+# file of the innermost library frame): each must be reached and not exceeded. Every
+# read here decides a shape or the control flow on the host; none reads a statistic.
+LOOP_READS = {
+    "block width: k.max(), the verify block's shape": 1,
+    "retire: which rows finished, their rows, lengths and steps, the others' length bounds": 1,
+}
+HORIZON_READ = 1  # loop, with a controller that budgets (``budget`` not None): the draft's horizon, budget.max()
+BUDGETING = {"cmasd", "gammatune", "gammatune-plus", "cmasd-gammatune", "hf-heuristic", "goodput"}
+RAGGED_READS = 1  # layers, at batch > 1: the positions the rows send, packed (nonzero: their count is a shape)
+CONTROLLER_READS = {
+    "goodput": 2,  # plans on the host in numpy: this iteration's sent/accepted counts; the rows kept where rows finish
+}
+DRAFTER_READS = {
+    "spec": 1,  # the prefix tokens to feed and the longest prefix: shapes of its pass
+    "autoregressive": 1,  # the tokens to feed and the longest prefix: shapes of its first step
+    "specbound": 1 + HORIZON * (D_MAX + 1),  # the longest prefix; per drafted token, after each layer whether a
+    # row still runs deeper (the early exit), and whether any row drafts on
+    "blockwise": 0,
+    "history": 0,
+    "source": 0,
+    "history+source+autoregressive": 3,  # each lookup in front: whether it served every row, or none; the model's 1
+}
+STOPPING = {"gammatune-plus", "assistant-threshold"}  # stop_below: a draft model stops once every row is unsure,
+STOP_READS = HORIZON - 1  # read after each drafted token but the last
+# Per batch, outside the loop
+BATCH_READS = {
+    "decoding/generator.py": 1,  # whether any source is empty (its warning)
+    "decoding/stats.py": 1,  # the batch's statistics, added up on the device and read once
+}
+ENCODER_READS = 2  # whether any source token is padding; fairseq's own position embedding of the source
+CROSS_READS = 1  # per cache of encoder keys (the verifier's, a model drafter's own): whether any source is padding
+OWN_CACHES = {"spec": 1, "autoregressive": 1, "history+source+autoregressive": 1}
+
+
+def part(read: str) -> str:
+    """Who made a read ``NAME at FILE:LINE``."""
+    where = read.rsplit(" at ", 1)[1].rsplit(":", 1)[0]
+    if where.startswith("verification/"):
+        return "rule" if where in ("verification/acceptance.py", "verification/rejection.py") else "controller"
+    return where.split("/", 1)[0] if where != "decoding/generator.py" else "loop"
+
+
+def budget(drafter: str, controller: str, bsz: int) -> dict:
+    """The most reads of each part in one iteration."""
+    stops = STOP_READS if controller in STOPPING and "autoregressive" in drafter else 0
+    return {
+        "loop": sum(LOOP_READS.values()) + (HORIZON_READ if controller in BUDGETING else 0),
+        "layers": RAGGED_READS if bsz > 1 else 0,
+        "drafters": DRAFTER_READS[drafter] + stops,
+        "controller": CONTROLLER_READS.get(controller, 0),
+        "rule": 0,
+    }
+
+
+def batch_budget(drafter: str) -> dict:
+    return {**BATCH_READS, "layers": ENCODER_READS + CROSS_READS * (1 + OWN_CACHES.get(drafter, 0))}
+
+
+CASES = (
+    [(kind, "exact", "fixed") for kind in DRAFTERS]
+    + [(kind, "rejection", "fixed") for kind in SAMPLING_DRAFTERS]
+    + [("spec", rule, "fixed") for rule in sorted(ACCEPTANCE_RULES) if rule not in ("exact", "rejection")]
+    + [("autoregressive", "exact", controller) for controller in sorted(CONTROLLERS) if controller != "fixed"]
+)
+
+
+def test_every_rule_and_controller_is_here():
+    assert {rule for _, rule, _ in CASES} == set(ACCEPTANCE_RULES)
+    assert {controller for _, _, controller in CASES} == set(CONTROLLERS)
+    assert set(CONTROLLER_READS) | BUDGETING | STOPPING <= set(CONTROLLERS)
+
+
+@pytest.mark.parametrize("bsz", [1, 5])
+@pytest.mark.parametrize("drafter, rule, controller", CASES, ids=["-".join(case) for case in CASES])
+def test_an_iteration_makes_its_tensors_on_the_device_and_reads_the_host_within_budget(
+        models, drafter, rule, controller, bsz, monkeypatch):
+    sampling = Sampling(0.9) if ACCEPTANCE_RULES[rule].samples else None
+    decoded = recorded_decode(generator(models, drafter, rule, controller, sampling), sample(models, bsz), monkeypatch)
+    assert not decoded.strays, f"tensors made without the model's device: {Counter(decoded.strays)}"
+    assert len(decoded.hypotheses) == bsz and len(decoded.inside) > 1
+    most = {name: max(sum(part(read) == name for read in reads) for reads in decoded.inside)
+            for name in ("loop", "layers", "drafters", "controller", "rule", "core", "decoding")}
+    expected = {**dict.fromkeys(most, 0), **budget(drafter, controller, bsz)}
+    reads = Counter(read for reads in decoded.inside for read in reads)
+    assert most == expected, f"host reads over {len(decoded.inside)} iterations: {dict(reads)}"
+    outside = Counter(read.rsplit(" at ", 1)[1].rsplit(":", 1)[0] for read in decoded.outside)
+    outside = Counter({("layers" if where.startswith("layers/") else where): n for where, n in outside.items()})
+    assert outside == batch_budget(drafter), f"host reads outside the loop: {Counter(decoded.outside)}"
+
+
+def test_the_recorder_sees_what_it_must_refuse():
+    """The recorder itself: a stray factory call and each kind of host read are seen."""
+    recorder, on_device = Recorder(), torch.ones(3)
+    recorder.inside.append([])
+    recorder.iteration = 0
+    with recorder:
+        torch.zeros(2)
+        torch.arange(3, device=on_device.device)
+        on_device.new_zeros(2)
+        on_device.sum().item()
+        on_device.tolist()
+        bool(on_device[0])
+        int(on_device[0])
+        float(on_device[0])
+        on_device.cpu()
+        on_device.nonzero()
+        on_device[on_device > 0]
+        [0, 1][on_device.long()[1]]
+    assert recorder.strays == ["torch.zeros at ?"]
+    assert [read.split(" at ")[0] for read in recorder.inside[0]] == [
+        "item", "tolist", "__bool__", "__int__", "__float__", "cpu", "nonzero", "__getitem__", "__index__"]
