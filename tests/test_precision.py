@@ -24,7 +24,8 @@ half precision runs slowly on a CPU.
 
 import pytest
 import torch
-from helpers import (EMPTY_AT, PLUGINS, binarize, generate, hypotheses, raw_pairs, tiny_dictionary, tiny_transformer)
+from helpers import (EMPTY_AT, PLUGINS, assert_same_hypotheses, binarize, generate, hypotheses, raw_pairs, tiny_dictionary,
+                     tiny_transformer)
 
 SMALL = 16  # probe sentences decoded here (and the empty line)
 # fairseq-generate's data loader in this process (a worker process of its own costs a 5 s
@@ -69,15 +70,6 @@ def drafters(drafter, ar_drafter):
     return {"spec": drafter, "ar": ar_drafter}
 
 
-def assert_same(spec, stock):
-    """The same hypotheses, token for token, scores within 1e-3."""
-    assert sorted(spec) == sorted(stock) == list(range(SMALL + 1))
-    different = [i for i in stock if spec[i][1] != stock[i][1]]
-    assert not different, f"{len(different)} hypotheses differ, e.g. {different[:5]}"
-    worst = max(abs(spec[i][0] - stock[i][0]) for i in stock)
-    assert worst < 1e-3, f"scores differ by up to {worst}"
-
-
 # ------------------------------------------------------------------ through fairseq-generate
 
 
@@ -94,7 +86,7 @@ def test_half_precision_flags_decode_as_fairseq(small_probe, verifier, drafters,
         for name, options in DRAFTERS.items():
             proc = generate(small_probe, verifier, *run, *options(drafters), "--spec-acceptance", "exact")
             assert "mean accepted tokens/iteration" in proc.stderr, name
-            assert_same(hypotheses(proc.stdout), stock)
+            assert_same_hypotheses(hypotheses(proc.stdout), stock, SMALL)
 
 
 # ------------------------------------------------------------------ bfloat16 models, in this process

@@ -148,15 +148,11 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
                     floor_inputs[bs] = [
                         teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad()) for s in bs_batches
                     ]
-                log_run(label, name, bs, run, recorded, out, progress.advance(sentences(bs_batches)))
-                if recorded and journal is not None:
-                    write_journal(journal, n - warmup + 1, name, bs, run)
+                log_run(label, name, bs, run, recorded, out, progress.advance(sentences(bs_batches)), journal)
             if bs in floor_inputs:
                 floor_batches = floor_inputs[bs][: len(bs_batches)]
-                run = score_split(setup, floor_batches)
-                log_run(label, FLOOR, bs, run, recorded, out, progress.advance(sentences(bs_batches)))
-                if recorded and journal is not None:
-                    write_journal(journal, n - warmup + 1, FLOOR, bs, run)
+                log_run(label, FLOOR, bs, score_split(setup, floor_batches), recorded, out,
+                        progress.advance(sentences(bs_batches)), journal)
     return out
 
 
@@ -188,7 +184,11 @@ class Progress:
         return bar(self.done, self.total, self.started, "sentences")
 
 
-def log_run(label: str, name: str, bs: int, run: Run, recorded: bool, out: Measurements, progress: str = "") -> None:
+def log_run(label: str, name: str, bs: int, run: Run, recorded: bool, out: Measurements, progress: str = "",
+            journal: Optional[str] = None) -> None:
+    """Log a run; a recorded one is kept in ``out`` and, with a ``journal``, written to it."""
     logger.info(f"{label}: {name} at batch size {bs}: {run.seconds:.3f} s" + (f"; {progress}" if progress else ""))
     if recorded:
         out.runs[(name, bs)].append(run)
+        if journal is not None:
+            write_journal(journal, len(out.runs[(name, bs)]), name, bs, run)
