@@ -94,8 +94,8 @@ while (( $# )); do
         --data) DATA_ARG="$2" ;;
         --work) WORK="$2" ;;
         --precision) PRECISION="$2" ;;
-        --verifier-minutes) VERIFIER_MINUTES="$2"; set_smoke_defaults+=(verifier) ;;
-        --drafter-minutes) DRAFTER_MINUTES="$2"; set_smoke_defaults+=(drafter) ;;
+        --verifier-minutes) VERIFIER_MINUTES="$2" ;;
+        --drafter-minutes) DRAFTER_MINUTES="$2" ;;
         --train-sentences) TRAIN_SENTENCES="$2"; set_smoke_defaults+=(train) ;;
         --valid-sentences) VALID_SENTENCES="$2"; set_smoke_defaults+=(valid) ;;
         --b1-sentences) B1_SENTENCES="$2"; set_smoke_defaults+=(b1) ;;
