@@ -20,7 +20,8 @@ needs_gemv = pytest.mark.skipif(GEMV_OBSTACLE is not None, reason=f"the gemv ker
 
 
 @pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing),
-                                     pytest.param("gemv", marks=needs_gemv), "int8"])
+                                     pytest.param("gemv", marks=needs_gemv), "int8",
+                                     pytest.param("bf16", marks=needs_gemv)])
 @pytest.mark.parametrize("relu", [False, True])
 def test_prepared_linear_computes_the_linear_layer(kernels, relu):
     torch.manual_seed(0)
@@ -32,7 +33,8 @@ def test_prepared_linear_computes_the_linear_layer(kernels, relu):
             expected = F.relu(expected)
         got = prepared_linear(plain.weight, plain.bias, kernels, relu=relu)(x)  # (3, 5, 40)
     assert got.shape == expected.shape
-    tolerance = 0.05 if kernels == "int8" else 1e-5  # int8 weights round to 1/127 of their range
+    # int8 weights round to 1/127 of their range, bfloat16 ones to 2^-9 of themselves
+    tolerance = {"int8": 0.05, "bf16": 0.01}.get(kernels, 1e-5)
     torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
     if relu:
         assert (got >= 0).all()
@@ -52,6 +54,52 @@ def test_gemv_computes_the_linear_layer_at_every_row_count(rows, features, bias)
         expected = F.relu(plain(x))
         got = prepared_linear(plain.weight, plain.bias, "gemv", relu=True)(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5 * math.sqrt(features[0]))
+
+
+@needs_gemv
+@pytest.mark.parametrize("rows", [0, 1, 5, 16, 40, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1])
+@pytest.mark.parametrize("features", [(24, 40), (256, 1024), (1024, 256)])
+def test_bf16_computes_with_the_rounded_weights_at_every_row_count(rows, features):
+    """Bf16Linear: bfloat16 panels up to GEMV_MAX_ROWS rows, float32 kernels on the same
+    rounded weights past it: float64's x W^T + b of the rounded W (not of W) within
+    float32's error bound either way; a non-contiguous input, ReLU fused."""
+    from cmasd.layers.kernels import Bf16Linear
+
+    torch.manual_seed(rows)
+    plain = nn.Linear(*features)
+    x = torch.randn(rows, features[0])[:, None, :].expand(rows, 2, features[0])[:, 0]  # (rows, in), not contiguous
+    with torch.no_grad():
+        layer = prepared_linear(plain.weight, plain.bias, "bf16", relu=True)
+        rounded = plain.weight.to(torch.bfloat16).double()
+        exact = F.relu(F.linear(x.double(), rounded, plain.bias.double()))
+        got = layer(x)
+    assert type(layer) is Bf16Linear and layer.panels.dtype == torch.bfloat16
+    assert got.shape == (rows, features[1]) and got.dtype == torch.float32
+    error = (got.double() - exact).abs()
+    assert (error <= float32_bound(x, rounded.float(), plain.bias.detach())).all()
+    assert not torch.equal(rounded.float(), plain.weight)  # the rounding is not a no-op here
+
+
+@needs_gemv
+def test_bf16_takes_the_activations_of_a_half_precision_drafter():
+    """A float16 drafter's (--fp16) activations go in as float32 and come out as float16."""
+    torch.manual_seed(2)
+    weight, bias, x = torch.randn(40, 24).half(), torch.randn(40).half(), torch.randn(3, 24).half()
+    got = prepared_linear(weight, bias, "bf16")(x)
+    assert got.dtype == torch.float16
+    expected = F.linear(x.float(), weight.float().to(torch.bfloat16).float(), bias.float()).half()
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-2)
+
+
+def test_bf16_refuses_what_it_cannot_run(monkeypatch):
+    """A drafter on another device, or no compiled kernel: a one-line refusal naming the option."""
+    with pytest.raises(ValueError, match=r"--spec-drafter-quantize bf16: its kernel runs on CPU only, the drafter is "
+                                         r"on meta \(drop --cuda"):
+        prepared_linear(torch.zeros(4, 4, device="meta"), None, "bf16")
+    monkeypatch.setattr(extension, "load", lambda: (None, "no C++ compiler (simulated)"))
+    with pytest.raises(ValueError, match=r"--spec-drafter-quantize bf16: its C\+\+ kernel is unavailable: no C\+\+ "
+                                         r"compiler \(simulated\) \(use none or int8\)"):
+        prepared_linear(torch.zeros(4, 4), None, "bf16")
 
 
 def isas():
@@ -90,17 +138,28 @@ def float32_bound(x, weight, bias):
 
 @pytest.mark.parametrize("in_features", [1, 7, 17, 256, 1000])
 @pytest.mark.parametrize("out_features", [1, 15, 17, 8000])
-def test_panel_linear_computes_the_linear_layer_at_every_row_count(panel_kernel, in_features, out_features):
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
+def test_panel_linear_computes_the_linear_layer_at_every_row_count(panel_kernel, in_features, out_features, bf16):
     """Every row count from 0 to 40 (each a different split into register tiles: even
     groups of up to 6 rows with AVX2, 12 with AVX-512F), inputs of any width, outputs not a
     multiple of the 16-wide panels (zero padded), ReLU on and off: float64's x W^T + b
-    within float32's error bound."""
+    within float32's error bound. bfloat16 panels: W rounded to bfloat16 (to nearest, ties
+    to even, as torch rounds), then the float32 arithmetic on it: float64's x W^T + b of the
+    rounded W within the same bound, and the bits of float32 panels of the rounded W (odd
+    inputs too: the last step of such panels holds one)."""
     generator = torch.Generator().manual_seed(in_features * 10007 + out_features)
     weight = torch.randn(out_features, in_features, generator=generator)
     bias = torch.randn(out_features, generator=generator)
     x = torch.randn(40, in_features, generator=generator)
-    panels = panel_kernel.pack_panels(weight)  # (ceil(out / 16), in, 16)
-    assert panels.shape == (-(-out_features // 16), in_features, 16)
+    panels = panel_kernel.pack_panels(weight, bf16)
+    if bf16:  # (ceil(out / 16), ceil(in / 2), 16, 2): [p][j][o][h] = W[16 p + o][2 j + h], zero padded
+        weight = weight.to(torch.bfloat16).float()  # the values the kernel computes with
+        assert panels.shape == (-(-out_features // 16), -(-in_features // 2), 16, 2) and panels.dtype == torch.bfloat16
+        padded = torch.zeros(panels.size(0) * 16, panels.size(1) * 2)
+        padded[:out_features, :in_features] = weight
+        assert torch.equal(panels.float(), padded.view(-1, 16, panels.size(1), 2).transpose(1, 2))
+    else:  # (ceil(out / 16), in, 16)
+        assert panels.shape == (-(-out_features // 16), in_features, 16) and panels.dtype == torch.float32
     exact = F.linear(x.double(), weight.double(), bias.double())  # (40, out)
     bound = float32_bound(x, weight, bias)  # (40, out)
     for relu in (False, True):
@@ -112,6 +171,9 @@ def test_panel_linear_computes_the_linear_layer_at_every_row_count(panel_kernel,
             assert (error <= bound[:rows]).all(), f"rows {rows}, relu {relu}: {(error - bound[:rows]).max()}"
             if relu:
                 assert (got >= 0).all()
+        if bf16:  # the same chains of fused multiply-adds as on float32 panels of the same values
+            float_panels = panel_kernel.pack_panels(weight)
+            assert torch.equal(got, panel_kernel.panel_linear(x, float_panels, bias, relu))
 
 
 @needs_gemv
@@ -124,20 +186,27 @@ def test_panel_linear_keeps_the_leading_dimensions_and_reads_strided_inputs():
     torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=0, atol=1e-5)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         module.panel_linear(x, module.pack_panels(weight), bias[:32], False)  # 2 panels of outputs, not 3
+    with pytest.raises(RuntimeError, match="float32 or bfloat16 panels"):
+        module.panel_linear(x, module.pack_panels(weight).half(), bias, False)
+    with pytest.raises(RuntimeError, match="shapes do not match"):  # float32 panels' shape, bfloat16
+        module.panel_linear(x, module.pack_panels(weight).bfloat16(), bias, False)
+    with pytest.raises(RuntimeError, match="shapes do not match"):  # 13 inputs' panels (7 steps) for 12
+        module.panel_linear(torch.randn(3, 12), module.pack_panels(torch.randn(40, 13), True), bias, False)
     with pytest.raises(RuntimeError, match="avx2, or avx512f"):
         module.panel_isa("sse2")
 
 
-@pytest.mark.parametrize("features", [(256, 256), (256, 8000), (1000, 17), (7, 15)])
-def test_panel_linear_rows_do_not_depend_on_the_rows_beside_them(panel_kernel, features):
+@pytest.mark.parametrize("features", [(256, 256), (256, 8000), (1000, 17), (7, 15), (13, 40)])
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bfloat16"])
+def test_panel_linear_rows_do_not_depend_on_the_rows_beside_them(panel_kernel, features, bf16):
     """Each output is one chain of fused multiply-adds over the inputs in order, whatever
     register tile its row falls in: a row computed alone and inside a call of 2 to 40 rows
     gives the same bits (a verify block scores as its rows one by one would), and so does
-    the other instruction set."""
+    the other instruction set; on float32 and on bfloat16 panels."""
     generator = torch.Generator().manual_seed(features[1])
     weight, bias = torch.randn(features[1], features[0], generator=generator), torch.randn(features[1], generator=generator)
     x = torch.randn(40, features[0], generator=generator)
-    panels = panel_kernel.pack_panels(weight)
+    panels = panel_kernel.pack_panels(weight, bf16)
     alone = torch.cat([panel_kernel.panel_linear(x[r:r + 1], panels, bias, True) for r in range(40)])  # (40, out)
     for rows in (2, 5, 7, 12, 13, 16, 40):
         assert torch.equal(panel_kernel.panel_linear(x[:rows], panels, bias, True), alone[:rows]), rows

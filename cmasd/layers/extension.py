@@ -1,12 +1,13 @@
-"""The ``gemv`` kernels' C++ extension: ``csrc/decoding.cpp`` (``pack_panels`` and
-``panel_linear``, the linear layer for a few rows on weights packed once, and
-``FusedDecoder``, a decoder's layers in one call), compiled on first use.
+"""The ``gemv`` and ``bf16`` kernels' C++ extension: ``csrc/decoding.cpp`` (``pack_panels``
+and ``panel_linear``, the linear layer for a few rows on weights packed once, in float32 or
+bfloat16, and ``FusedDecoder``, a decoder's layers in one call), compiled on first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
 cores) with ninja and the system's C++ compiler, for AVX2 + FMA. Where it cannot be
 built or run (no compiler, another architecture, a CPU without AVX2/FMA) ``load``
-says why, and ``--spec-kernels auto`` falls back to the packed oneDNN kernel.
+says why, and ``--spec-kernels auto`` falls back to the packed oneDNN kernel
+(``--spec-drafter-quantize bf16``, which has no other kernel, is refused with the reason).
 """
 
 import contextlib
@@ -19,7 +20,7 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
-NAME = "cmasd_decoding_v4"  # a new name when the source's interface changes
+NAME = "cmasd_decoding_v5"  # a new name when the source's interface changes
 
 
 def cpu_obstacle() -> Optional[str]:

@@ -1,4 +1,4 @@
-"""The linear-layer kernels of decoding: torch's default, oneDNN on packed weights, int8.
+"""The linear-layer kernels of decoding: torch's default, oneDNN on packed weights, int8, bf16.
 
 A decoding pass at batch 1 on a CPU is dominated by its linear layers, and those by
 reading their weights (the compact verifier's decoder reads about 30 MB per pass). The
@@ -7,7 +7,8 @@ fraction of the memory bandwidth on some hosts (on the AMD development host: 3.5
 the verifier's 49 linear layers at one position, 2.2 ms packed); oneDNN's linear on
 weights packed once into its blocked layout (``torch.ops.mkldnn._linear_pointwise``, the
 kernel PyTorch's own inductor uses for frozen CPU models) reads them faster. The drafter
-can also run int8 weights (PyTorch dynamic quantization).
+can also run int8 weights (PyTorch dynamic quantization) or bfloat16 ones
+(``--spec-drafter-quantize``).
 
 At one to a few positions (batch size 1) even the packed kernel spends most of a call on
 dispatch: 1.4 ms for the verifier's 37 linear layers at one position, where streaming
@@ -16,6 +17,11 @@ first use) computes up to ``GEMV_MAX_ROWS`` rows on weights packed once into pan
 output features (``pack_panels``, ``panel_linear``): each call reads the weights once,
 whatever its rows, so that a verify block of 16 positions costs little more than one
 position, and hands larger inputs to the packed kernel. ``auto`` picks it where it builds.
+``bf16`` (a drafter's ``--spec-drafter-quantize bf16``) is the same kernel on panels of
+the weights rounded to bfloat16, half the bytes to read, each widened exactly to float32
+as it is loaded: the float32 arithmetic on the rounded weights (above ``GEMV_MAX_ROWS``
+rows the packed kernel on them, widened once). Only the drafter's numbers change; its
+drafts are verified in float32, so decoding stays lossless.
 
 ``prepared_linear`` builds one inference-only linear layer (weights copied, no
 gradients) on a chosen kernel; ``cmasd.layers.prepared.DecodingDecoder`` builds every layer
@@ -183,7 +189,46 @@ class Int8Linear(nn.Module):
         return F.relu(y) if self.relu else y
 
 
-LINEARS = {"native": NativeLinear, "packed": PackedLinear, "gemv": GemvLinear, "int8": Int8Linear}
+class Bf16Linear(nn.Module):
+    """``bf16`` (``--spec-drafter-quantize bf16``): the weights rounded to bfloat16 (to
+    nearest, ties to even), computed in float32. ``panel_linear`` on bfloat16 panels (half
+    the bytes of float32 ones, each weight widened exactly as it is loaded) for inputs of
+    at most ``GEMV_MAX_ROWS`` rows; above, as ``GemvLinear`` does, the packed oneDNN kernel
+    (``F.linear`` where torch has none) on the same rounded weights widened to float32 once.
+    ReLU fused into both; a row's outputs do not depend on the rows beside it (bit for bit)
+    below the threshold. Activations of a float16 or bfloat16 drafter (``--fp16``) go in as
+    float32 (the second path) and come out in their dtype."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor], relu: bool):
+        super().__init__()
+        if weight.device.type != "cpu":
+            raise UsageError(f"--spec-drafter-quantize bf16: its kernel runs on CPU only, the drafter is on "
+                             f"{weight.device} (drop --cuda or the option)")
+        module, obstacle = extension.load()
+        if module is None:
+            raise UsageError(f"--spec-drafter-quantize bf16: its C++ kernel is unavailable: {obstacle} "
+                             "(use none or int8)")
+        weight = weight.float().contiguous()
+        bias = None if bias is None else bias.float().contiguous()
+        self.gemv = module.panel_linear
+        self.panels = module.pack_panels(weight, True)  # bfloat16 (ceil(out / 16), ceil(in / 2), 16, 2)
+        self.gemv_bias = torch.zeros(weight.size(0), dtype=torch.float32) if bias is None else bias  # (out,)
+        rounded = weight.to(torch.bfloat16).float()  # the panels' values
+        self.many = (PackedLinear if packing_available() else NativeLinear)(rounded, bias, relu)  # more rows
+        self.relu = relu
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.numel() <= GEMV_MAX_ROWS * self.in_features and x.dtype == torch.float32:
+            return self.gemv(x, self.panels, self.gemv_bias, self.relu)
+        return self.many(x.float()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, relu={self.relu}, bfloat16 weights"
+
+
+LINEARS = {"native": NativeLinear, "packed": PackedLinear, "gemv": GemvLinear, "int8": Int8Linear,
+           "bf16": Bf16Linear}
 
 
 # Inside ``shared_linears()``: by the identity of the weight and bias tensors and the
@@ -211,8 +256,8 @@ def shared_linears() -> Iterator[None]:
 
 def prepared_linear(weight: Tensor, bias: Optional[Tensor], kernels: str, relu: bool = False) -> nn.Module:
     """An inference-only linear layer ``(..., in) -> (..., out)`` with copies of ``weight``
-    (out, in) and ``bias`` (out,) on ``kernels`` (native, packed, gemv or int8), ReLU after it
-    when ``relu`` (shared with earlier ones inside ``shared_linears()``)."""
+    (out, in) and ``bias`` (out,) on ``kernels`` (native, packed, gemv, int8 or bf16), ReLU
+    after it when ``relu`` (shared with earlier ones inside ``shared_linears()``)."""
     if kernels not in LINEARS:
         raise ValueError(f"unknown kernels {kernels!r}; choose from {', '.join(LINEARS)}")
     key = None

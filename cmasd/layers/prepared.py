@@ -4,8 +4,9 @@
 the prepared backend of it on decoding's kernels (``DecodingLayer``, ``EncodingLayer``:
 ``PreparedLayer``s whose linear layers come from ``cmasd.layers.kernels``), whole prepared
 decoders and encoders (``DecodingDecoder``, ``DecodingEncoder``), and selects the C++
-``FusedDecoder`` (``cmasd.layers.extension``) where it applies: gemv kernels and a block
-of at most ``GEMV_MAX_ROWS`` rows, all layers in one call.
+``FusedDecoder`` (``cmasd.layers.extension``) where it applies: gemv or bf16 kernels (the
+panel kernel's float32 or bfloat16 panels) and a block of at most ``GEMV_MAX_ROWS`` rows,
+all layers in one call.
 """
 
 import functools
@@ -33,7 +34,7 @@ def kernel_linears(kernels: str) -> Linear:
 
 class DecodingLayer(PreparedLayer):
     """One fairseq ``TransformerDecoderLayer`` prepared for decoding on ``kernels``
-    (native, packed, gemv or int8; see ``PreparedLayer``)."""
+    (native, packed, gemv, int8 or bf16; see ``PreparedLayer``)."""
 
     def __init__(self, layer, kernels: str):
         check_supported_layer(layer)
@@ -84,8 +85,10 @@ class DecodingDecoder:
         self.project_out = None if decoder.project_out_dim is None else linear_of(decoder.project_out_dim, kernels)
         self.output = linear_of(decoder.output_projection, kernels)
         self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
-        # gemv kernels: the layers also as one C++ call, for passes of at most GEMV_MAX_ROWS rows
-        self.fused = fused_layers(self.layers) if kernels == "gemv" else None
+        # gemv or bf16 kernels (on panels): the layers also as one C++ call, for passes of at most
+        # GEMV_MAX_ROWS rows; the C++ layers are float32 only (a bf16 drafter under --fp16 is not)
+        float32 = next(decoder.parameters()).dtype == torch.float32
+        self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
         self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -160,8 +163,8 @@ class DecodingDecoder:
 
     def fused_range(self, first: int, last: int):
         """The C++ call of layers ``first`` .. ``last`` - 1 (a self-speculative drafter runs
-        the lower layers, its verification the upper ones), or None (not gemv kernels, or
-        layers it does not run). Built on first use."""
+        the lower layers, its verification the upper ones), or None (not gemv or bf16 kernels,
+        or layers it does not run). Built on first use."""
         if self.fused is None:
             return None
         if (first, last) == (0, len(self.layers)):
@@ -180,9 +183,10 @@ class DecodingDecoder:
 
 
 def fused_layers(layers: List[DecodingLayer]):
-    """The C++ ``FusedDecoder`` of ``layers`` (all on gemv kernels): ``TransformerLayer.
-    forward`` for each, read from the layers' prepared parts; or None where a layer has what
-    it does not run (an activation other than ReLU, or encoder attention in some layers only)."""
+    """The C++ ``FusedDecoder`` of ``layers`` (all on gemv or all on bf16 kernels: float32 or
+    bfloat16 panels): ``TransformerLayer.forward`` for each, read from the layers' prepared
+    parts; or None where a layer has what it does not run (an activation other than ReLU, or
+    encoder attention in some layers only)."""
     from cmasd.layers import extension
 
     module = extension.load()[0]

@@ -13,14 +13,18 @@
 // rows thus reads the weights once, as a pass over one row does, and costs more only where
 // its arithmetic takes longer than that read. AVX2 + FMA (the build's -mavx2 -mfma; the loader checks the CPU
 // first), and 512-bit vectors with twice the rows per tile where the CPU has AVX-512F
-// (chosen at run time; the same results, bit for bit).
+// (chosen at run time; the same results, bit for bit). The panels may hold bfloat16
+// weights instead (pack_panels(weight, bf16=True): half the bytes to read), widened to
+// float32 exactly as they are loaded (see Layout) into the float32 kernel's arithmetic, so
+// that bfloat16 panels give what float32 panels of the rounded weights give, bit for bit.
 //
 // FusedDecoder: the C++ backend of cmasd.layers.transformer.TransformerLayer. The layers
-// of a cmasd.layers.prepared.DecodingDecoder (PreparedLayers on gemv kernels, post- or
-// pre-norm, ReLU feed-forward) run in one call: TransformerLayer.forward transcribed (the
-// same residual blocks, the same operations in the same order) with the block scorer's
-// cache writes, so that a pass costs its arithmetic and torch's operator dispatch but no
-// Python. Its parity with the Python layers is tested (tests/test_block_scoring.py).
+// of a cmasd.layers.prepared.DecodingDecoder (PreparedLayers on gemv or bf16 kernels,
+// post- or pre-norm, ReLU feed-forward) run in one call: TransformerLayer.forward
+// transcribed (the same residual blocks, the same operations in the same order) with the
+// block scorer's cache writes, so that a pass costs its arithmetic and torch's operator
+// dispatch but no Python. Its parity with the Python layers is tested
+// (tests/test_block_scoring.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -55,6 +59,8 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 // register) in a function compiled for AVX-512F.
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef uint32_t u8 __attribute__((vector_size(32)));  // the same registers' bits
+typedef uint32_t u16 __attribute__((vector_size(64)));
 
 #define KERNEL inline __attribute__((always_inline))  // inlined into each ISA's entry point
 
@@ -68,6 +74,7 @@ constexpr int64_t CHUNK = 4;   // panels a thread takes through every row before
 // multiply-adds (8 keep 2 pipes of 4 cycles busy) where GCC does not spill them.
 template <bool WIDE> struct Isa {
   typedef typename std::conditional<WIDE, v16, v8>::type vec;
+  typedef typename std::conditional<WIDE, u16, u8>::type bits;  // a vec's 32-bit words
   static constexpr int V = PANEL * sizeof(float) / sizeof(vec);
   static constexpr int rows = WIDE ? 12 : 6;
   static constexpr int panels(int r) { return WIDE ? (r == 1 ? 4 : 2) : (r == 1 ? 4 : r == 2 ? 2 : 1); }
@@ -80,11 +87,44 @@ static inline int64_t group_rows(int64_t rows, int64_t groups, int64_t g) {
   return rows / groups + (g < rows % groups ? 1 : 0);
 }
 
-// One panel_linear call: x (rows, in), panels (P, in, 16), bias (out), y (rows, out).
+// How a panel holds its weights of type W: K inputs a step, a step a cache line. float:
+// step i holds input i's 16 weights. bfloat16 (W = uint16_t, their bits): step j holds
+// inputs 2j and 2j + 1, a 32-bit word per output with input 2j's weight in its low half
+// and 2j + 1's in its high half (zeros past in). A bfloat16 is the upper half of the
+// float32 of the same value, so that one load of a step gives both inputs' weights as
+// float32 with one instruction a vector: the words shifted left by 16, the words with
+// their low halves cleared. (Widening 16-bit lanes input by input takes shuffles as well,
+// vpmovzxwd: at one row more instructions than the fused multiply-adds, 1.2 to 1.8 times
+// the float32 kernel's time on weights in cache, where this takes 0.7 to 0.95 of it.)
+template <typename W> struct Layout;
+template <> struct Layout<float> { static constexpr int K = 1; };
+template <> struct Layout<uint16_t> { static constexpr int K = 2; };
+
+// Input s K + k's weights as a vector of float32, from step s of a panel: the lanes' words
+// (or floats) at p.
+template <bool WIDE, typename W>
+static KERNEL typename Isa<WIDE>::vec load_weights(const W* p, int k) {
+  typename Isa<WIDE>::vec v;
+  if constexpr (std::is_same<W, float>::value) {
+    __builtin_memcpy(&v, p, sizeof(v));
+  } else {
+    typename Isa<WIDE>::bits u;
+    __builtin_memcpy(&u, p, sizeof(u));
+    u = k == 0 ? u << 16 : u & 0xffff0000u;
+    __builtin_memcpy(&v, &u, sizeof(v));
+  }
+  return v;
+}
+
+// One panel_linear call: x (rows, in), panels of W (Layout), each ``stride`` elements
+// (in rounded up to K, times 16), bias (out), y (rows, out).
+template <typename W>
 struct PanelCall {
-  const float *x, *w, *bias;
+  const float* x;
+  const W* w;
+  const float* bias;
   float* y;
-  int64_t rows, in, out;
+  int64_t rows, in, out, stride;
   bool relu;
 };
 
@@ -97,34 +137,53 @@ __attribute__((noinline)) static void finish_partial(const float* s, const float
   }
 }
 
-// Outputs o0 .. o0 + 16 C - 1 of the R rows from x: C panels from w (the first, panel o0 / 16),
-// plus bias, ReLU optional (columns past out dropped). Each output is one chain of fused
-// multiply-adds over i = 0 .. in - 1 in order, from 0, then + bias: the same operations
-// whatever the tile, the ISA or the rows around it, so that a row's outputs do not depend
-// on how many rows share the call (bit for bit). Prefetches C in lines from ``ahead`` floats
-// after w into L2, C a step (the next chunk's lines of these panels).
-template <bool WIDE, int R, int C>
-static KERNEL void tile(const PanelCall& a, const float* x, const float* w, float* y, int64_t o0, int64_t ahead) {
+// Inputs s K .. s K + N - 1 (step s, or the first N inputs of the last step) of the R rows
+// from x into acc (C panels from w): per input, its weights' vectors, then for each row
+// x[r][i] broadcast and one fused multiply-add per vector.
+template <bool WIDE, int R, int C, int N, typename W>
+static KERNEL void step(typename Isa<WIDE>::vec (&acc)[R][C * Isa<WIDE>::V], const PanelCall<W>& a, const float* x,
+                        const W* w, int64_t s) {
   typedef typename Isa<WIDE>::vec vec;
   constexpr int V = Isa<WIDE>::V, L = PANEL / V;  // vectors per panel row, lanes per vector
-  const int64_t in = a.in;
-  const float* next = w + ahead;  // C in lines, C a step
-  vec acc[R][C * V] = {};
-  for (int64_t i = 0; i < in; ++i) {
+  constexpr int K = Layout<W>::K;
+#pragma GCC unroll 2
+  for (int k = 0; k < N; ++k) {
     vec wv[C * V];
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
 #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) __builtin_memcpy(&wv[c * V + v], w + (c * in + i) * PANEL + v * L, sizeof(vec));
-      __builtin_prefetch(next + (i * C + c) * PANEL, 0, 2);
+      for (int v = 0; v < V; ++v) wv[c * V + v] = load_weights<WIDE>(w + c * a.stride + (s * PANEL + v * L) * K, k);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const float s = x[r * in + i];
+      const float xs = x[r * a.in + s * K + k];
 #pragma GCC unroll 16
-      for (int j = 0; j < C * V; ++j) acc[r][j] += wv[j] * s;  // contracted to one fused multiply-add
+      for (int j = 0; j < C * V; ++j) acc[r][j] += wv[j] * xs;  // contracted to one fused multiply-add
     }
   }
+}
+
+// Outputs o0 .. o0 + 16 C - 1 of the R rows from x: C panels from w (the first, panel o0 / 16),
+// plus bias, ReLU optional (columns past out dropped). Each output is one chain of fused
+// multiply-adds over i = 0 .. in - 1 in order, from 0, then + bias: the same operations
+// whatever the tile, the ISA, the panels' type or the rows around it, so that a row's
+// outputs do not depend on how many rows share the call (bit for bit). Prefetches C lines
+// a step from ``ahead`` weights after w into L2 (the next chunk's lines of these panels: a
+// step of a panel is a line).
+template <bool WIDE, int R, int C, typename W>
+static KERNEL void tile(const PanelCall<W>& a, const float* x, const W* w, float* y, int64_t o0, int64_t ahead) {
+  typedef typename Isa<WIDE>::vec vec;
+  constexpr int V = Isa<WIDE>::V, L = PANEL / V;  // vectors per panel row, lanes per vector
+  constexpr int K = Layout<W>::K;                 // inputs per step
+  const int64_t steps = a.in / K;                 // whole ones
+  const W* next = w + ahead;                      // C lines a step
+  vec acc[R][C * V] = {};
+  for (int64_t s = 0; s < steps; ++s) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) __builtin_prefetch(next + (s * C + c) * PANEL * K, 0, 2);
+    step<WIDE, R, C, K>(acc, a, x, w, s);
+  }
+  if (K > 1 && steps * K < a.in) step<WIDE, R, C, 1>(acc, a, x, w, steps);  // the last input of an odd in
   const vec zero = {};
 #pragma GCC unroll 16
   for (int j = 0; j < C * V; ++j) {
@@ -151,16 +210,16 @@ static KERNEL void tile(const PanelCall& a, const float* x, const float* w, floa
 }
 
 // R rows through n panels from panel p: tiles of C panels, then of C / 2, ...
-template <bool WIDE, int R, int C>
-static KERNEL void panels_of(const PanelCall& a, const float* x, float* y, int64_t p, int64_t n, int64_t ahead) {
+template <bool WIDE, int R, int C, typename W>
+static KERNEL void panels_of(const PanelCall<W>& a, const float* x, float* y, int64_t p, int64_t n, int64_t ahead) {
   int64_t q = 0;
-  for (; q + C <= n; q += C) tile<WIDE, R, C>(a, x, a.w + (p + q) * a.in * PANEL, y, (p + q) * PANEL, ahead);
+  for (; q + C <= n; q += C) tile<WIDE, R, C>(a, x, a.w + (p + q) * a.stride, y, (p + q) * PANEL, ahead);
   if constexpr (C > 1) panels_of<WIDE, R, C / 2>(a, x, y, p + q, n - q, ahead);
 }
 
 // the last rows of x (R or fewer: r of them) through n panels from panel p
-template <bool WIDE, int R>
-static KERNEL void row_group(const PanelCall& a, int64_t m, int64_t r, int64_t p, int64_t n, int64_t ahead) {
+template <bool WIDE, int R, typename W>
+static KERNEL void row_group(const PanelCall<W>& a, int64_t m, int64_t r, int64_t p, int64_t n, int64_t ahead) {
   if (r == R || R == 1) {
     panels_of<WIDE, R, Isa<WIDE>::panels(R)>(a, a.x + m * a.in, a.y + m * a.out, p, n, ahead);
   } else if constexpr (R > 1) {
@@ -169,22 +228,24 @@ static KERNEL void row_group(const PanelCall& a, int64_t m, int64_t r, int64_t p
 }
 
 // Panels begin .. end - 1 for every row.
-template <bool WIDE>
-static KERNEL void panel_range(const PanelCall& a, int64_t begin, int64_t end) {
+template <bool WIDE, typename W>
+static KERNEL void panel_range(const PanelCall<W>& a, int64_t begin, int64_t end) {
   constexpr int64_t most = Isa<WIDE>::rows;
   const int64_t groups = (a.rows + most - 1) / most;
   for (int64_t p = begin; p < end; p += CHUNK) {
     const int64_t n = std::min(CHUNK, end - p);
-    const int64_t ahead = p + CHUNK < end ? CHUNK * a.in * PANEL : 0;  // the next chunk's lines
+    const int64_t ahead = p + CHUNK < end ? CHUNK * a.stride : 0;  // the next chunk's weights
     for (int64_t g = 0, m = 0; g < groups; m += group_rows(a.rows, groups, g++)) {
       row_group<WIDE, most>(a, m, group_rows(a.rows, groups, g), p, n, ahead);
     }
   }
 }
 
-static void panel_range_avx2(const PanelCall& a, int64_t begin, int64_t end) { panel_range<false>(a, begin, end); }
+template <typename W>
+static void panel_range_avx2(const PanelCall<W>& a, int64_t begin, int64_t end) { panel_range<false>(a, begin, end); }
 
-__attribute__((target("avx512f"))) static void panel_range_avx512(const PanelCall& a, int64_t begin, int64_t end) {
+template <typename W>
+__attribute__((target("avx512f"))) static void panel_range_avx512(const PanelCall<W>& a, int64_t begin, int64_t end) {
   panel_range<true>(a, begin, end);
 }
 
@@ -201,45 +262,70 @@ std::string panel_isa(const std::string& choose) {
   return use_avx512 ? "avx512f" : "avx2";
 }
 
-// weight (out, in) -> panels (ceil(out / 16), in, 16): panel p, row i holds
-// weight[16 p .. 16 p + 15][i], zeros past out.
-torch::Tensor pack_panels(torch::Tensor weight) {
+// weight (out, in) -> float32 panels (ceil(out / 16), in, 16): panel p, row i holds
+// weight[16 p .. 16 p + 15][i], zeros past out. With bf16, bfloat16 panels (ceil(out / 16),
+// ceil(in / 2), 16, 2): [p][j][o][h] holds weight[16 p + o][2 j + h] rounded to bfloat16 (to
+// nearest, ties to even: torch's float -> bfloat16 conversion), zeros past out and in
+// (Layout).
+torch::Tensor pack_panels(torch::Tensor weight, bool bf16) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat && !weight.is_cuda(),
               "pack_panels: a float32 CPU matrix (out, in)");
   const int64_t out_features = weight.size(0), in = weight.size(1), panels = (out_features + PANEL - 1) / PANEL;
-  auto padded = torch::zeros({panels * PANEL, in}, weight.options());
-  padded.slice(0, 0, out_features).copy_(weight);
-  return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, in, 16)
+  if (!bf16) {
+    auto padded = torch::zeros({panels * PANEL, in}, weight.options());
+    padded.slice(0, 0, out_features).copy_(weight);
+    return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, in, 16)
+  }
+  const int64_t pairs = (in + 1) / 2;
+  auto padded = torch::zeros({panels * PANEL, 2 * pairs}, weight.options().dtype(torch::kBFloat16));
+  padded.slice(0, 0, out_features).slice(1, 0, in).copy_(weight);  // rounded here
+  return padded.view({panels, PANEL, pairs, 2}).transpose(1, 2).contiguous();  // (P, ceil(in / 2), 16, 2)
 }
 
-// x (..., in), panels (P, in, 16) of pack_panels, bias (out,) -> (..., out)
+// panel_range on this call's instruction set for each of torch's intra-op threads
+template <typename W>
+static void run_panels(const PanelCall<W>& a, int64_t panels) {
+  const bool wide = use_avx512;
+  at::parallel_for(0, panels, CHUNK, [&](int64_t begin, int64_t end) {
+    if (wide) panel_range_avx512(a, begin, end);
+    else panel_range_avx2(a, begin, end);
+  });
+}
+
+// x (..., in), panels of pack_panels (float32 (P, in, 16) or bfloat16 (P, ceil(in / 2), 16,
+// 2)), bias (out,) -> (..., out)
 torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor bias, bool relu) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && panels.scalar_type() == torch::kFloat &&
-              bias.scalar_type() == torch::kFloat, "panel_linear: float32 only");
+  const bool bf16 = panels.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && (panels.scalar_type() == torch::kFloat || bf16) &&
+              bias.scalar_type() == torch::kFloat, "panel_linear: float32 inputs and bias, float32 or bfloat16 panels");
   TORCH_CHECK(panels.is_contiguous() && bias.is_contiguous() && !x.is_cuda() && !panels.is_cuda() && !bias.is_cuda(),
               "panel_linear: contiguous CPU tensors");
-  TORCH_CHECK(panels.dim() == 3 && panels.size(2) == PANEL && bias.dim() == 1 &&
-              panels.size(0) == (bias.numel() + PANEL - 1) / PANEL && x.dim() >= 1 && x.size(-1) == panels.size(1),
-              "panel_linear: shapes do not match");
+  const bool panel_shape = bf16 ? panels.dim() == 4 && panels.size(3) == 2 && x.dim() >= 1 &&
+                                      panels.size(1) == (x.size(-1) + 1) / 2
+                                : panels.dim() == 3 && x.dim() >= 1 && panels.size(1) == x.size(-1);
+  TORCH_CHECK(panel_shape && panels.size(2) == PANEL && bias.dim() == 1 &&
+              panels.size(0) == (bias.numel() + PANEL - 1) / PANEL, "panel_linear: shapes do not match");
   const auto xc = x.contiguous();
   auto sizes = x.sizes().vec();
   sizes.back() = bias.numel();
   auto out = torch::empty(sizes, x.options());
   const int64_t rows = xc.numel() ? xc.numel() / xc.size(-1) : out.numel() ? out.numel() / bias.numel() : 0;
   if (out.numel() == 0) return out;
-  const bool wide = use_avx512;
-  const PanelCall a{xc.data_ptr<float>(), panels.data_ptr<float>(), bias.data_ptr<float>(), out.data_ptr<float>(),
-                    rows, panels.size(1), bias.numel(), relu};
-  at::parallel_for(0, panels.size(0), CHUNK, [&](int64_t begin, int64_t end) {
-    if (wide) panel_range_avx512(a, begin, end);
-    else panel_range_avx2(a, begin, end);
-  });
+  const int64_t in = x.size(-1), stride = panels.numel() / panels.size(0);
+  if (bf16) {
+    const auto* w = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());  // the bits
+    run_panels(PanelCall<uint16_t>{xc.data_ptr<float>(), w, bias.data_ptr<float>(), out.data_ptr<float>(),
+                                   rows, in, bias.numel(), stride, relu}, panels.size(0));
+  } else {
+    run_panels(PanelCall<float>{xc.data_ptr<float>(), panels.data_ptr<float>(), bias.data_ptr<float>(),
+                                out.data_ptr<float>(), rows, in, bias.numel(), stride, relu}, panels.size(0));
+  }
   return out;
 }
 
 namespace {
 
-// x (..., in) -> (..., out) on panels of pack_panels
+// x (..., in) -> (..., out) on panels of pack_panels (float32 or bfloat16)
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& panels, const torch::Tensor& b, bool relu) {
   return panel_linear(x, panels, b, relu);
 }
@@ -296,7 +382,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   return out;
 }
 
-struct Layer {  // the linear layers' *_w: panels of pack_panels
+struct Layer {  // the linear layers' *_w: panels of pack_panels (float32 or bfloat16)
   torch::Tensor qkv_w, qkv_b, self_out_w, self_out_b, self_norm_w, self_norm_b;
   torch::Tensor cross_q_w, cross_q_b, cross_out_w, cross_out_b, cross_norm_w, cross_norm_b;
   torch::Tensor fc1_w, fc1_b, fc2_w, fc2_b, final_norm_w, final_norm_b;
@@ -313,8 +399,8 @@ class FusedDecoder {
   // tensors: qkv w, b; self_out w, b; self_norm w, b; cross_q w, b; cross_out w, b;
   // cross_norm w, b; fc1 w, b; fc2 w, b; final_norm w, b (cross ones undefined/empty
   // when the layer has no encoder attention); the linear layers' weights as panels of
-  // pack_panels, their biases dense (out,). numbers: self_scaling, cross_scaling,
-  // the three layer norms' eps.
+  // pack_panels (float32 or bfloat16), their biases dense (out,). numbers: self_scaling,
+  // cross_scaling, the three layer norms' eps.
   void add_layer(std::vector<torch::Tensor> t, std::vector<double> numbers, bool has_cross) {
     TORCH_CHECK(t.size() == 18 && numbers.size() == 5, "FusedDecoder.add_layer: 18 tensors and 5 numbers");
     layers_.push_back(Layer{t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11],
@@ -375,8 +461,10 @@ class FusedDecoder {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack_panels", &pack_panels, "weight (out, in) -> panels (ceil(out / 16), in, 16) for panel_linear");
-  m.def("panel_linear", &panel_linear, "x W^T + b (ReLU optional) on packed panels, float32 on CPU");
+  m.def("pack_panels", &pack_panels, pybind11::arg("weight"), pybind11::arg("bf16") = false,
+        "weight (out, in) -> float32 panels (ceil(out / 16), in, 16) for panel_linear; bf16: bfloat16 panels "
+        "(ceil(out / 16), ceil(in / 2), 16, 2) of the weights rounded to bfloat16");
+  m.def("panel_linear", &panel_linear, "x W^T + b (ReLU optional) on packed panels (float32 or bfloat16), float32 on CPU");
   m.def("panel_isa", &panel_isa, pybind11::arg("choose") = "",
         "the instruction set of panel_linear (avx512f or avx2); choose: select one");
   pybind11::class_<FusedDecoder>(m, "FusedDecoder")
