@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from cmasd.drafters.registry import DRAFTER_KINDS
-from cmasd.tools.bench.configs import CONFIGS, BenchError, options_dict, resolve_configs, spec_options
+from cmasd.tools.bench.configs import CONFIGS, BenchError, options_dict, parse_assignments, resolve_configs, spec_options
 
 # row -> (the row it ablates, the settings it changes)
 ABLATIONS = {
@@ -66,3 +66,13 @@ def test_act_reaches_the_drafter():
 def test_a_retired_configuration_is_refused_with_its_reason():
     with pytest.raises(BenchError, match="'specbound-no-act' was removed: .*specbound-act is the ACT ablation"):
         resolve_configs("greedy,specbound-no-act")
+
+
+def test_set_values_take_their_options_types():
+    """``--set KEY=VALUE`` converts to the option's type, optional ones included (none: unset)."""
+    assert parse_assignments(["spec_k=3", "spec_tau=0.5", "spec_costs=costs.json", "spec_draft_block=none",
+                              "spec_draft_shortlist_counts=counts.txt"]) == {
+        "spec_k": 3, "spec_tau": 0.5, "spec_costs": "costs.json", "spec_draft_block": None,
+        "spec_draft_shortlist_counts": "counts.txt"}
+    with pytest.raises(BenchError, match="spec_draft_block=x: expected int"):
+        parse_assignments(["spec_draft_block=x"])

@@ -1,8 +1,10 @@
 """The options the parts bring: ``fairseq-generate``'s speculative flags stay what they
 were (names, order, defaults, choices, help: ``tests/snapshots/generate_flags.json``,
 recorded from the flat config before the parts declared their own; issue 45 added the
-shortlist, ragged verification and goodput's flags and goodput to --spec-controller's help). In process, through
-the function fairseq builds a task's flags with; no models: a second."""
+shortlist, ragged verification and goodput's flags and goodput to --spec-controller's help,
+then --spec-draft-shortlist-counts, --goodput-correction and bf16 for
+--spec-drafter-quantize). In process, through the function fairseq builds a task's flags
+with; no models: a second."""
 
 import argparse
 import json

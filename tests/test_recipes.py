@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = [
     "normalize", "spm-train", "spm-encode", "spm-decode", "gpt2-encode", "cnndm-split",
     "refs-jsonl", "lead", "summ-convert", "summ-split", "clean-corpus", "denoise-pairs",
-    "sgm-extract", "count-bin", "compare-hyps",
+    "sgm-extract", "count-bin", "compare-hyps", "piece-counts",
 ]
 MODULES = (normalize, subwords, sentences, summaries, parallel, fairseq_files)
 

@@ -16,7 +16,7 @@ from helpers import (MAX_LEN, PROBE_SENTENCES, assert_same_hypotheses, chi_squar
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.base import DraftRequest, Source, choose
-from cmasd.drafters.shortlist import MIN_SHORTLIST, Shortlist, warn_once
+from cmasd.drafters.shortlist import MIN_SHORTLIST, Shortlist, read_counts, shortlist_of, warn_once
 from cmasd.drafters.spec_drafter import SpecDrafter
 from cmasd.errors import UsageError
 from cmasd.options import SpeculativeDecodingConfig
@@ -94,6 +94,83 @@ def test_nonsense_sizes_are_refused(size, message):
         AutoregressiveDrafter.from_model(draft_model(verifier, dictionary), verifier, cfg, "native", HORIZON)
     with pytest.raises(UsageError, match="--spec-draft-shortlist"):
         SpecDrafter.from_model(spec_model, verifier, cfg, "native", HORIZON)
+
+
+# ------------------------------------------------------------------------ counts from a file
+
+
+def write_split(prefix, dictionary, sentences):
+    """A binarized split of ``sentences`` (lists of ids) as fairseq-preprocess writes one."""
+    from fairseq.data import indexed_dataset
+
+    builder = indexed_dataset.make_builder(f"{prefix}.bin", impl="mmap", vocab_size=len(dictionary))
+    for ids in sentences:
+        builder.add_item(torch.tensor(ids, dtype=torch.int32))
+    builder.finalize(f"{prefix}.idx")
+
+
+def test_piece_counts_counts_a_binarized_split_and_ranks_the_shortlist(tmp_path):
+    """cmasd-prep piece-counts writes each piece's occurrences in the splits as a fairseq
+    dictionary, most frequent first; read back, they rank the shortlist over the dictionary's
+    own counts (all equal here, as a sentencepiece vocabulary's are)."""
+    from collections import Counter
+
+    from cmasd.tools.prep.cli import main as prep_main
+
+    dictionary = counted_dictionary([100] * 30)
+    dictionary.save(str(tmp_path / "dict.de.txt"))
+    first = [[4 + (i * 7 + j * 3) % 30 for j in range(5)] + [dictionary.eos()] for i in range(40)]
+    second = [[33, 33, 32, dictionary.eos()]] * 9
+    write_split(tmp_path / "train.en-de.de", dictionary, first)
+    write_split(tmp_path / "valid.en-de.de", dictionary, second)
+    out = tmp_path / "counts.txt"
+    assert prep_main(["piece-counts", "--dict", str(tmp_path / "dict.de.txt"), str(tmp_path / "train.en-de.de"),
+                      str(tmp_path / "valid.en-de.de.idx"), "-o", str(out)]) == 0
+    expected = Counter(i for ids in first + second for i in ids)
+    lines = [line.split() for line in out.read_text().splitlines()]
+    assert [symbol for symbol, _ in lines] == sorted((f"w{i}" for i in range(30)),
+                                                     key=lambda w: (-expected[dictionary.index(w)], dictionary.index(w)))
+    assert {symbol: int(n) for symbol, n in lines} == {f"w{i}": expected[dictionary.index(f"w{i}")] for i in range(30)}
+    counts = read_counts(str(out), dictionary)
+    shortlist = Shortlist.of(dictionary, MIN_SHORTLIST, counts)
+    pieces = [i for i in range(len(dictionary)) if i >= dictionary.nspecial]
+    ranked = sorted(pieces, key=lambda i: -counts[i])
+    assert shortlist.ids.tolist() == sorted([dictionary.eos(), *ranked[: MIN_SHORTLIST - 1]])
+    assert set(shortlist.ids.tolist()) >= {dictionary.index("w29"), dictionary.index("w28")}  # the second split's
+    cfg = SpeculativeDecodingConfig(spec_draft_shortlist=MIN_SHORTLIST, spec_draft_shortlist_counts=str(out))
+    assert torch.equal(shortlist_of(dictionary, cfg).ids, shortlist.ids)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "--spec-draft-shortlist-counts {path}: No such file or directory"),
+    ("w1 5\nw2 five\n", "--spec-draft-shortlist-counts {path}:2: not a 'piece count' line"),
+    ("w1 5\nzz 3\nyy 1\n", "--spec-draft-shortlist-counts {path}: 2 pieces are not in the verifier's dictionary "
+                           "('zz', 'yy'): counts of another vocabulary"),
+])
+def test_a_bad_counts_file_is_refused_in_one_line(tmp_path, content, message):
+    dictionary = counted_dictionary([100] * 30)
+    path = tmp_path / "counts.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UsageError) as error:
+        read_counts(str(path), dictionary)
+    assert str(error.value) == message.format(path=path)
+
+
+def test_counts_without_a_shortlist_change_nothing():
+    """One --set serves a bench's every row: without a shortlist the file is not even read."""
+    cfg = SpeculativeDecodingConfig(spec_draft_shortlist_counts="no-such-file.txt")
+    assert shortlist_of(counted_dictionary([100] * 30), cfg) is None
+
+
+def test_a_counts_file_overwrite_flag_and_absent_pieces(tmp_path):
+    """fairseq's ``#fairseq:overwrite`` flag is read past; pieces the file omits count 0."""
+    dictionary = counted_dictionary([100] * 30)
+    path = tmp_path / "counts.txt"
+    path.write_text("w3 7 #fairseq:overwrite\nw5 2\n")
+    counts = read_counts(str(path), dictionary)
+    assert counts[dictionary.index("w3")] == 7 and counts[dictionary.index("w5")] == 2
+    assert sum(counts) == 9
 
 
 def test_both_model_drafters_take_the_option():

@@ -40,7 +40,7 @@ from cmasd.drafters.base import (
     chosen_probability,
     model_draft,
 )
-from cmasd.drafters.shortlist import Shortlist, narrow
+from cmasd.drafters.shortlist import Shortlist, narrow, shortlist_of
 from cmasd.errors import UsageError
 
 
@@ -100,8 +100,8 @@ class AutoregressiveDrafter(ModelDrafter):
     def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "AutoregressiveDrafter":
         if cfg.spec_draft_block is not None:
             raise UsageError("--spec-draft-block: applies to the Spec-Drafter only (--drafter-kind spec)")
-        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, same_encoder(model, verifier),
-                   Shortlist.of(verifier.decoder.dictionary, cfg.spec_draft_shortlist))
+        return cls(model, cfg.spec_drafter_quantize if cfg.spec_drafter_quantize in ("int8", "bf16") else kernels,
+                   same_encoder(model, verifier), shortlist_of(verifier.decoder.dictionary, cfg))
 
     @torch.no_grad()
     def start(self, source: Source, capacity: int) -> ARDrafterState:

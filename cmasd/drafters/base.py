@@ -43,8 +43,10 @@ class ModelDrafterOptions:
     spec_drafter_quantize: str = field(
         default="none",
         metadata={"help": "int8: dynamic int8 quantization of the model drafter's linear layers (CPU only): less "
-                  "memory read per drafter pass; the verifier keeps full precision, so exact acceptance stays "
-                  "lossless", "choices": ("none", "int8")},
+                  "memory read per drafter pass; bf16: their weights stored in bfloat16, computed in float32 "
+                  "(CPU only, cmasd's C++ kernel): half the weight bytes, closer to the float32 drafter than "
+                  "int8; the verifier keeps full precision, so exact acceptance stays lossless",
+                  "choices": ("none", "int8", "bf16")},
     )
     spec_draft_shortlist: int = field(
         default=0,
@@ -52,6 +54,12 @@ class ModelDrafterOptions:
                   "dictionary; eos always): the model drafter's output projection computes N rows, not the whole "
                   "vocabulary; lossless, as every draft is verified against the full vocabulary; its confidence is "
                   "over the shortlist; 0: the full vocabulary"},
+    )
+    spec_draft_shortlist_counts: Optional[str] = field(
+        default=None,
+        metadata={"help": "with --spec-draft-shortlist N (else ignored): rank the pieces by the counts of this fairseq dictionary "
+                  "file (piece count lines; cmasd-prep piece-counts writes one from the binarized target side of "
+                  "the training data) instead of the verifier's dictionary's own counts"},
     )
 
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from cmasd.layers.prepared import DecodingDecoder, additive_mask
 from cmasd.layers.cache import encoder_states, keep_rows, widened
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Source, model_draft
-from cmasd.drafters.shortlist import Shortlist, narrow
+from cmasd.drafters.shortlist import Shortlist, narrow, shortlist_of
 from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel
 
@@ -115,8 +115,8 @@ class SpecDrafter(ModelDrafter):
                 f"--spec-draft-block: must be in [{max(horizon, 1)}, {model.block_size}] (the draft length the "
                 f"controller can send .. the drafter's block), got {block}"
             )
-        return cls(model, "int8" if cfg.spec_drafter_quantize == "int8" else kernels, block,
-                   Shortlist.of(verifier.decoder.dictionary, cfg.spec_draft_shortlist))
+        return cls(model, cfg.spec_drafter_quantize if cfg.spec_drafter_quantize in ("int8", "bf16") else kernels, block,
+                   shortlist_of(verifier.decoder.dictionary, cfg))
 
     def encode(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
         """The drafter's own encoder output (``uses_own_encoder``)."""

@@ -2,8 +2,9 @@
 
 import enum
 import re
+import typing
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from cmasd.drafters.registry import DRAFTER_KINDS
 
@@ -332,10 +333,11 @@ def parse_value(key: str, text: str) -> Any:
         if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise BenchError(f"{key}={text}: expected true or false")
         return text.lower() in ("true", "1", "yes")
-    if kind == Optional[int]:
+    optional = [a for a in typing.get_args(kind) if a is not type(None)] if typing.get_origin(kind) is Union else []
+    if len(optional) == 1:  # Optional[X]: none, or an X
         if text.lower() == "none":
             return None
-        kind = int
+        kind = optional[0]
     try:
         return kind(text)
     except ValueError:

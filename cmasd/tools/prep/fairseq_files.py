@@ -6,7 +6,13 @@ fairseq-generate outputs.
     line per file.
 ``compare-hyps --sentences N A B``
     Whether two fairseq-generate outputs hold the same hypotheses (``H-`` lines),
-    sentence by sentence: exit code 0 when they do, 1 (with the ids) when not."""
+    sentence by sentence: exit code 0 when they do, 1 (with the ids) when not.
+``piece-counts --dict DICT PREFIX... -o FILE``
+    How often each piece of a fairseq dictionary occurs in binarized splits (the target
+    side of the training data, say), written as a fairseq dictionary (``piece count``
+    lines, most frequent first): the counts ``--spec-draft-shortlist-counts`` ranks a
+    drafter's shortlist by where the dictionary itself has none (one written from a
+    sentencepiece vocabulary gives every piece the count 100)."""
 
 from __future__ import annotations
 
@@ -20,6 +26,11 @@ from cmasd.tools.prep.base import Command, PrepError, int_arg, some
 from cmasd.tools.prep.textio import require_file
 
 _MMAP_MAGIC = b"MMIDIDX\x00\x00"
+# fairseq's mmap index dtype codes (fairseq.data.indexed_dataset._code_to_dtype): the
+# integer ones a binarized text split can hold
+_TOKEN_DTYPES = {1: "u1", 2: "i1", 3: "<i2", 4: "<i4", 5: "<i8", 8: "<u2"}
+# the symbols fairseq.data.Dictionary adds itself, never written in a dictionary file
+_SPECIAL_SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>")
 
 
 def count_bin(idx_path: str) -> tuple:
@@ -49,6 +60,74 @@ def run_count_bin(args: argparse.Namespace) -> None:
         if name.endswith(".idx"):
             name = name[: -len(".idx")]
         print(f"{name}\t{n_sentences}\t{n_tokens}")
+
+
+def token_dtype(idx_path: str) -> str:
+    """The numpy dtype of the token ids in the .bin file beside a fairseq mmap index."""
+    require_file(idx_path, "index file")
+    with open(idx_path, "rb") as handle:
+        if handle.read(len(_MMAP_MAGIC)) != _MMAP_MAGIC:
+            raise PrepError(f"{idx_path}: not a fairseq mmap index (.idx) file")
+        handle.read(8)  # version (<Q)
+        code = handle.read(1)[0]
+    if code not in _TOKEN_DTYPES:
+        raise PrepError(f"{idx_path}: token dtype code {code} is not an integer type")
+    return _TOKEN_DTYPES[code]
+
+
+def read_dictionary_symbols(path: str) -> list:
+    """The symbols of a fairseq dictionary file in id order: fairseq's four special symbols,
+    then one per line (``symbol count [#fairseq:overwrite]``)."""
+    require_file(path, "dictionary")
+    symbols = list(_SPECIAL_SYMBOLS)
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.rstrip("\n").rsplit(" ", 2)
+            if fields[-1] == "#fairseq:overwrite":
+                fields = fields[:-1]
+            if len(fields) < 2 or not fields[-1].lstrip("-").isdigit():
+                raise PrepError(f"{path}:{number}: not a 'piece count' line")
+            symbols.append(" ".join(fields[:-1]))
+    return symbols
+
+
+def piece_counts(symbols: list, prefixes: list) -> list:
+    """Occurrences of each id 0 .. len(symbols) - 1 in the binarized splits ``prefixes``
+    (``PREFIX.idx`` / ``PREFIX.bin``)."""
+    import numpy as np
+
+    counts = np.zeros(len(symbols), dtype=np.int64)
+    for prefix in prefixes:
+        dtype = token_dtype(prefix + ".idx")
+        require_file(prefix + ".bin", "binarized split")
+        tokens = np.fromfile(prefix + ".bin", dtype=dtype)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= len(symbols)):
+            raise PrepError(f"{prefix}.bin: token ids up to {int(tokens.max())}, but the dictionary has "
+                            f"{len(symbols)} symbols (a split binarized with another dictionary?)")
+        counts += np.bincount(tokens.astype(np.int64), minlength=len(symbols))
+    return counts.tolist()
+
+
+def add_piece_counts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dict", required=True, metavar="DICT",
+                   help="the fairseq dictionary the splits were binarized with (dict.TGT.txt of the data directory)")
+    p.add_argument("prefixes", metavar="PREFIX", nargs="+",
+                   help="binarized splits without .idx/.bin, e.g. data-bin/train.en-de.de")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the counts, as a fairseq dictionary")
+
+
+def run_piece_counts(args: argparse.Namespace) -> None:
+    """``piece-counts``: write ``piece count`` lines, most frequent first (ties in id
+    order), every piece of the dictionary but fairseq's special symbols."""
+    symbols = read_dictionary_symbols(args.dict)
+    counts = piece_counts(symbols, [p[: -len(".idx")] if p.endswith(".idx") else p for p in args.prefixes])
+    order = sorted(range(len(_SPECIAL_SYMBOLS), len(symbols)), key=lambda i: -counts[i])
+    with open(args.output, "w", encoding="utf-8") as handle:
+        for i in order:
+            handle.write(f"{symbols[i]} {counts[i]}\n")
+    seen = sum(counts[i] for i in order)
+    print(f"{len(order)} pieces, {seen} occurrences ({sum(1 for i in order if counts[i] == 0)} never seen) -> "
+          f"{args.output}")
 
 
 def read_hypotheses(path: str, n_sentences: int) -> dict:
@@ -99,4 +178,6 @@ COMMANDS = (
     Command("count-bin", "sentences and tokens of fairseq .idx files", add_count_bin, run_count_bin),
     Command("compare-hyps", "do two fairseq-generate outputs hold the same hypotheses?",
             add_compare_hyps, run_compare_hyps),
+    Command("piece-counts", "pieces counted in binarized splits (a counts file)",
+            add_piece_counts, run_piece_counts),
 )
