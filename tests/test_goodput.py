@@ -27,7 +27,8 @@ from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.errors import UsageError
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
-from cmasd.verification.goodput import Goodput, plan_lengths
+from cmasd.verification import goodput as goodput_module
+from cmasd.verification.goodput import Goodput, plan_lengths, plan_seconds
 
 K = 6
 
@@ -87,11 +88,73 @@ def test_a_row_at_zero_probes_and_waits_longer_after_each_failure():
     assert len(drafting) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes, ever further apart
 
 
+class FakeClock:
+    """time.perf_counter for the controller: each call advances by what the iteration
+    planned (``state``) takes, ``drafting`` or ``idle`` times the table's seconds."""
+
+    def __init__(self, goodput, drafting: float, idle: float = 1.0):
+        self.goodput, self.drafting, self.idle, self.now, self.state = goodput, drafting, idle, 0.0, None
+
+    def __call__(self) -> float:
+        if self.state is not None:
+            factor = self.drafting if self.state.planned.max() > 0 else self.idle
+            self.now += factor * plan_seconds(self.state.planned, self.goodput.costs, K)
+        return self.now
+
+
+def run_timed(correction: str, drafting: float, rows: int, iterations: int, monkeypatch):
+    """Draft lengths sent over ``iterations`` iterations of ``rows`` rows whose drafts are
+    all accepted, drafting iterations taking ``drafting`` times what the table says."""
+    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
+    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=4, limit=None, costs=costs, correction=correction)
+    clock = FakeClock(goodput, drafting)
+    monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
+    state = goodput.start(rows, torch.device("cpu"))
+    sent = []
+    for _ in range(iterations):
+        clock.state = state
+        k = state.plan
+        sent.append(k.tolist())
+        state = goodput.observe(state, k, k)  # every draft accepted
+    return np.array(sent), goodput
+
+
+def test_measured_iterations_correct_the_table(monkeypatch):
+    """Where drafting iterations take as long as the table says, the timing correction
+    changes nothing; where they take six times as long, it stops drafting (probes aside)
+    that the table alone would keep doing; the table alone ignores the clock."""
+    table_alone, _ = run_timed("none", drafting=4.0, rows=4, iterations=40, monkeypatch=monkeypatch)
+    as_measured, goodput = run_timed("timing", drafting=1.0, rows=4, iterations=40, monkeypatch=monkeypatch)
+    assert (table_alone[5:] > 0).all() and (as_measured == table_alone).all()
+    assert goodput.drafting == pytest.approx(1.0)
+    slow, goodput = run_timed("timing", drafting=6.0, rows=4, iterations=40, monkeypatch=monkeypatch)
+    assert goodput.drafting > 3.0
+    assert (slow[:2] > 0).all() and (slow[-20:].max(axis=1) == 0).mean() >= 0.75  # idle but for probes
+
+
+def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_finish(monkeypatch):
+    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
+    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=1000, limit=None, costs=costs)
+    state = goodput.start(4, torch.device("cpu"))
+    while state.planned.any():  # nothing accepted: idle from some iteration on
+        state = goodput.observe(state, state.plan, torch.zeros_like(state.plan))
+    calls = []
+    monkeypatch.setattr(goodput_module, "plan_lengths", lambda *a: calls.append(a) or np.zeros(len(a[0]), dtype=np.int64))
+    for _ in range(5):
+        state = goodput.observe(state, state.plan, state.plan)
+    assert calls == []  # nothing drafted, nothing learnt: not planned again
+    state = goodput.observe(state.select(torch.tensor([0, 2])), torch.zeros(2, dtype=torch.long),
+                            torch.zeros(2, dtype=torch.long))
+    assert len(calls) == 1 and len(calls[0][0]) == 2  # rows finished: planned for the two left
+
+
 def test_the_controller_refuses_what_it_cannot_plan_with():
     with pytest.raises(UsageError, match="--goodput-prior"):
         Goodput(K, prior=1.0, memory=0.5, probe_every=3, limit=None)
     with pytest.raises(UsageError, match="--goodput-memory"):
         Goodput(K, prior=0.5, memory=1.0, probe_every=3, limit=None)
+    with pytest.raises(UsageError, match="--goodput-correction: choose from timing, none, got 'clock'"):
+        Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, correction="clock")
     with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):
         Goodput(8, prior=0.5, memory=0.5, probe_every=3, limit=None).use_costs(table(draft_ms=0.1))
 

@@ -31,12 +31,29 @@ per row and for a batch's pass, every iteration:
   iterations would make the whole batch pay for one row's probe at most of them (as
   ``Idle`` does for the other controllers).
 
+* **Measured iterations** (``--goodput-correction timing``, the default). A table measures
+  each part alone, with the models' weights hot in the caches; an iteration of the loop
+  costs more, and a drafting one more than its parts: after idling the draft model first
+  catches up on the tokens accepted meanwhile, the two models' weights evict each other
+  from the CPU's caches, and accepting, appending and this controller's own books cost
+  more than the table's overhead. The controller times each iteration itself (the time
+  between two ``observe`` calls, which each read the device, so the interval is the
+  iteration's on a GPU too) and keeps two corrections, measured over predicted seconds for
+  idle and for drafting iterations (moving averages in log space, each iteration
+  weighing ``TIMING_WEIGHT``); a plan's drafting seconds are weighed by their ratio. Idle
+  iterations keep correcting the idle estimate, probes the drafting one. ``none``: the
+  table alone, so that a given table gives the same plans (tests).
+
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
-(``budget``), and nothing at all when every row is planned at 0.
+(``budget``), and nothing at all when every row is planned at 0. An iteration in which no
+row drafted changes no estimate, so the plan stands (unless rows finished or a row
+probes) and is not made again.
 """
 
 import functools
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -52,6 +69,9 @@ from cmasd.verification.base import DraftLengthOptions, largest_k, within
 
 SINGLE_ROW_STEPS = 200  # a row alone is planned at its estimate rounded to 1/200
 PRIOR_WEIGHT = 2.0  # drafts' worth of evidence the prior counts for at a row's start
+TIMING_WEIGHT = 0.2  # the newest iteration's weight in a timing correction's moving average
+TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is clipped to this range
+CORRECTIONS = ("timing", "none")
 
 
 @dataclass
@@ -75,6 +95,13 @@ class GoodputOptions:
         default=16, metadata={"help": "goodput: the probe period of a row planned at k = 0, in its iterations; it "
                               "doubles after each probe that does not pay"}
     )
+    goodput_correction: str = field(
+        default="timing",
+        metadata={"help": "goodput: timing: weigh the cost table's drafting seconds by how much longer drafting "
+                  "iterations really take than idle ones (timed as the loop runs: a draft model's catch-up, cache "
+                  "traffic between the models, bookkeeping); none: the table alone (the same plans for a given table)",
+                  "choices": CORRECTIONS},
+    )
 
 
 @dataclass(frozen=True)
@@ -88,10 +115,15 @@ class GoodputState(RowState):
     plan: Tensor  # (B,) long: drafts to send next iteration
     step: np.ndarray  # (B,) int64: iterations the row has run
     wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it)
+    planned: np.ndarray  # (B,) int64: ``plan`` on the host
+    predicted: float = 0.0  # seconds the cost table gives the planned iteration
+    clock: Optional[float] = None  # time.perf_counter() at the last observe (None: none yet this batch)
+    stale: bool = False  # rows finished since the plan was made: plan again
 
     def select(self, rows: Tensor) -> "GoodputState":
         here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
-        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step[here], self.wait[here])
+        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step[here], self.wait[here],
+                            self.planned[here], self.predicted, self.clock, stale=True)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -104,9 +136,22 @@ def cost_lines(costs: Costs, rows: int, k_max: int) -> Tuple[np.ndarray, np.ndar
     return verify, draft, costs.overhead_seconds(rows)
 
 
-def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int) -> np.ndarray:
+def plan_seconds(plan: np.ndarray, costs: Costs, k_max: int) -> float:
+    """The seconds the cost table gives an iteration of rows sending ``plan`` (B,) drafts."""
+    rows = len(plan)
+    if rows == 0:
+        return 0.0
+    verify, draft, overhead = cost_lines(costs, rows, k_max)
+    h = int(plan.max())
+    width = 1 + (plan.sum() / rows if costs.ragged else h)  # mean positions a row, as the verify pass costs them
+    return (draft[h - 1] if h else 0.0) + float(np.interp(width, np.arange(1, k_max + 2), verify)) + overhead
+
+
+def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: float = 1.0) -> np.ndarray:
     """The draft length of each row, (B,) int, that maximises expected tokens per second
-    for rows whose drafts are accepted with probabilities ``acceptance`` (B,)."""
+    for rows whose drafts are accepted with probabilities ``acceptance`` (B,), an iteration
+    that drafts taking ``drafting`` times the table's seconds (relative to one that does
+    not)."""
     rows = len(acceptance)
     a = np.clip(acceptance, 0.0, 0.999)
     if rows == 0 or k_max == 0:
@@ -118,7 +163,7 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int) -> np.ndarray
     best_value, best = rows / (verify[0] + overhead), np.zeros(rows, dtype=np.int64)
     if not costs.ragged:  # every row pays the widest block: each sends the most planned
         expected = rows + np.cumsum(gains.sum(axis=0))  # (K,) all rows at k = h
-        value = expected / (draft + verify[1:] + overhead)
+        value = expected / (drafting * (draft + verify[1:] + overhead))
         h = int(np.argmax(value))
         return np.full(rows, h + 1, dtype=np.int64) if value[h] > best_value else best
     order = np.argsort(-gains, axis=None, kind="stable")  # (B K,) largest gains first
@@ -126,7 +171,7 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int) -> np.ndarray
     allowed = position[None, :] <= j[:, None]  # (K, B K): drafts within horizon h = 1 .. K
     tokens = rows + np.cumsum(np.where(allowed, g, 0.0), axis=1)  # (K, B K) taking the first m allowed
     sent = np.cumsum(allowed, axis=1)  # (K, B K) drafts sent
-    seconds = draft[:, None] + np.interp(1 + sent / rows, widths, verify) + overhead
+    seconds = drafting * (draft[:, None] + np.interp(1 + sent / rows, widths, verify) + overhead)
     value = np.where(allowed, tokens / seconds, -np.inf)
     h, m = np.unravel_index(int(np.argmax(value)), value.shape)
     if value[h, m] <= best_value:
@@ -143,7 +188,7 @@ class Goodput(Controller):
     needs_costs = True
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
-                 costs: Optional[Costs] = None):
+                 costs: Optional[Costs] = None, correction: str = "none"):
         within("--spec-k-max", k_max, 1, limit)
         if not 0.0 < prior < 1.0:
             raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
@@ -151,14 +196,21 @@ class Goodput(Controller):
             raise UsageError(f"--goodput-memory: must be in [0, 1), got {memory:g}")
         if probe_every < 1:
             raise UsageError(f"--goodput-probe-every: must be >= 1, got {probe_every}")
+        if correction not in CORRECTIONS:
+            raise UsageError(f"--goodput-correction: choose from {', '.join(CORRECTIONS)}, got {correction!r}")
         self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
         self.horizon = k_max
         self.costs = costs
-        self.single: Dict[int, int] = {}  # a row alone: its rounded estimate -> its k
+        self.correction = correction
+        # measured / predicted seconds of idle [0] and drafting [1] iterations (log space:
+        # moving averages), kept across batches: they describe the machine and the models
+        self.log_ratio = np.zeros(2)
+        self.single: Dict[Tuple[int, int], int] = {}  # a row alone: (rounded estimate, rounded correction) -> its k
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
-        goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit)
+        goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit,
+                      correction=cfg.goodput_correction)
         if cfg.spec_costs:
             goodput.use_costs(Costs.load(cfg.spec_costs))
         return goodput
@@ -171,26 +223,45 @@ class Goodput(Controller):
             raise UsageError(f"the cost table measures verify passes of up to {max(costs.widths)} positions a row, "
                              f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
         self.costs, self.single = costs, {}
+        self.log_ratio = np.zeros(2)  # corrections of another table mean nothing for this one
+
+    @property
+    def drafting(self) -> float:
+        """How many times the table's seconds a drafting iteration takes, relative to an idle
+        one, as measured (1 without the timing correction)."""
+        return float(np.exp(self.log_ratio[1] - self.log_ratio[0]))
+
+    def time(self, state: "GoodputState", now: float) -> None:
+        """Fold the iteration that ended at ``now`` (planned in ``state``) into the timing
+        corrections."""
+        if self.correction != "timing" or state.clock is None or state.predicted <= 0.0:
+            return
+        ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
+        kind = int(state.planned.max(initial=0) > 0)  # whether a draft pass ran
+        self.log_ratio[kind] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio[kind])
 
     def plan(self, acceptance: np.ndarray) -> np.ndarray:
         """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
-        at its estimate rounded to 1/``SINGLE_ROW_STEPS`` and the plan remembered: at batch 1
-        an iteration costs well under a millisecond, and planning afresh would be a tenth
-        of it."""
+        at its estimate rounded to 1/``SINGLE_ROW_STEPS`` (and its correction to 5% steps)
+        and the plan remembered: at batch 1 an iteration costs well under a millisecond,
+        and planning afresh would be a tenth of it."""
         if self.costs is None:
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
+        drafting = self.drafting
         if len(acceptance) == 1:
-            step = int(round(float(acceptance[0]) * SINGLE_ROW_STEPS))
-            if step not in self.single:
-                self.single[step] = int(plan_lengths(np.array([step / SINGLE_ROW_STEPS]), self.costs, self.k_max)[0])
-            return np.array([self.single[step]], dtype=np.int64)
-        return plan_lengths(acceptance, self.costs, self.k_max)
+            key = (int(round(float(acceptance[0]) * SINGLE_ROW_STEPS)), int(round(math.log(drafting) * 20)))
+            if key not in self.single:
+                self.single[key] = int(plan_lengths(np.array([key[0] / SINGLE_ROW_STEPS]), self.costs, self.k_max,
+                                                    math.exp(key[1] / 20))[0])
+            return np.array([self.single[key]], dtype=np.int64)
+        return plan_lengths(acceptance, self.costs, self.k_max, drafting)
 
     def start(self, rows: int, device: torch.device) -> GoodputState:
         prior = np.full(rows, self.prior)
-        return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior),
-                            torch.as_tensor(self.plan(prior), device=device), np.zeros(rows, dtype=np.int64),
-                            np.full(rows, self.probe_every, dtype=np.int64))
+        plan = self.plan(prior)
+        return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior), torch.as_tensor(plan, device=device),
+                            np.zeros(rows, dtype=np.int64), np.full(rows, self.probe_every, dtype=np.int64), plan,
+                            plan_seconds(plan, self.costs, self.k_max))
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -203,16 +274,25 @@ class Goodput(Controller):
         numpy: a handful of operations on a few numbers each, where torch's would cost
         more than the planning itself. The plan goes back to the device."""
         sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each: the host read
+        now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
+        self.time(state, now)
         drafted = sent > 0
-        keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
-        hits = state.hits * keep + kept
-        misses = state.misses * keep + (drafted & (kept < sent))
-        acceptance = hits / (hits + misses)
-        plan = self.plan(acceptance)  # (B,)
         step = state.step + 1  # (B,) the index of the row's next iteration
+        if not drafted.any() and not state.stale:  # nothing learnt: the plan stands
+            hits, misses, acceptance, plan = state.hits, state.misses, None, state.planned
+        else:
+            keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
+            hits = state.hits * keep + kept
+            misses = state.misses * keep + (drafted & (kept < sent))
+            acceptance = hits / (hits + misses)
+            plan = self.plan(acceptance)  # (B,)
         wait = np.where(plan > 0, self.probe_every, state.wait)
         probe = (plan == 0) & (step % state.wait == 0)  # (B,)
         if probe.any():
+            acceptance = hits / (hits + misses) if acceptance is None else acceptance
             plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
             wait = np.where(probe, state.wait * 2, wait)
-        return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), step, wait)
+        if plan is state.planned and not state.stale:  # the same plan, on the device already
+            return GoodputState(hits, misses, state.plan, step, wait, plan, state.predicted, now)
+        return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), step, wait, plan,
+                            plan_seconds(plan, self.costs, self.k_max), now)
