@@ -344,18 +344,19 @@ class SpeculativeGenerator:
         states, ragged = self.scorer.ragged_states(state.verifier, block, state.lengths - 1, sent, lower,
                                                    end=state.longest + width)
         logits = self.scorer.decoder.logits(states)  # (B, width + 1, V), or (N, V) for the positions sent
-        if ragged is not None:  # the positions not sent score 0 everywhere (never read)
-            states, logits = ragged.unpack(states), ragged.unpack(logits)  # (B, width + 1, C), (B, width + 1, V)
         if self.rules.temperature != 1.0:
             logits = logits.float() / self.rules.temperature
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V)
+        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V) or (N, V)
 
         # fairseq's rules, each applied only where the host-side bounds of the lengths
-        # say it can change something (the others would be no-ops)
+        # say it can change something (the others would be no-ops); those of one position
+        # before unpacking a ragged block (on the positions sent only)
         lprobs = torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        lprobs[:, :, self.pad] = -math.inf
+        lprobs[..., self.pad] = -math.inf
         if self.rules.unk_penalty:
-            lprobs[:, :, self.unk] -= self.rules.unk_penalty
+            lprobs[..., self.unk] -= self.rules.unk_penalty
+        if ragged is not None:  # the positions not sent score 0 everywhere (never read)
+            states, lprobs = ragged.unpack(states), ragged.unpack(lprobs)  # (B, width + 1, C), (B, width + 1, V)
         # fairseq's step index of the token each position predicts: lengths - 1 + offset
         if state.longest - 1 + width >= max_len or state.shortest - 1 < self.rules.min_len:
             step = (state.lengths - 1)[:, None] + offsets[None, :]  # (B, width + 1)
