@@ -126,13 +126,13 @@ def test_measured_iterations_correct_the_table(monkeypatch):
     table_alone, _ = run_timed("none", drafting=4.0, rows=4, iterations=40, monkeypatch=monkeypatch)
     as_measured, goodput = run_timed("timing", drafting=1.0, rows=4, iterations=40, monkeypatch=monkeypatch)
     assert (table_alone[5:] > 0).all() and (as_measured == table_alone).all()
-    assert goodput.drafting == pytest.approx(1.0)
+    assert goodput.drafting(4) == pytest.approx(1.0)
     slow, goodput = run_timed("timing", drafting=6.0, rows=4, iterations=40, monkeypatch=monkeypatch)
-    assert goodput.drafting > 3.0
+    assert goodput.drafting(4) > 3.0 and goodput.drafting(1) == 1.0  # measured for 4 rows only
     assert (slow[:2] > 0).all() and (slow[-20:].max(axis=1) == 0).mean() >= 0.75  # idle but for probes
 
 
-def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_finish(monkeypatch):
+def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_halve(monkeypatch):
     costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
     goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=1000, limit=None, costs=costs)
     state = goodput.start(4, torch.device("cpu"))
@@ -145,7 +145,7 @@ def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_fin
     assert calls == []  # nothing drafted, nothing learnt: not planned again
     state = goodput.observe(state.select(torch.tensor([0, 2])), torch.zeros(2, dtype=torch.long),
                             torch.zeros(2, dtype=torch.long))
-    assert len(calls) == 1 and len(calls[0][0]) == 2  # rows finished: planned for the two left
+    assert len(calls) == 1 and len(calls[0][0]) == 2  # half the rows finished: planned for the two left
 
 
 def test_the_controller_refuses_what_it_cannot_plan_with():

@@ -40,15 +40,18 @@ per row and for a batch's pass, every iteration:
   between two ``observe`` calls, which each read the device, so the interval is the
   iteration's on a GPU too) and keeps two corrections, measured over predicted seconds for
   idle and for drafting iterations (moving averages in log space, each iteration
-  weighing ``TIMING_WEIGHT``); a plan's drafting seconds are weighed by their ratio. Idle
-  iterations keep correcting the idle estimate, probes the drafting one. ``none``: the
-  table alone, so that a given table gives the same plans (tests).
+  weighing ``TIMING_WEIGHT``), for each power of two of rows active (one row, 2-3, 4-7, ...:
+  a batch's last rows draft where its full width does not, at other ratios); a plan's
+  drafting seconds are weighed by their ratio. Idle iterations keep correcting the idle
+  estimate, drafting ones and probes the drafting one. ``none``: the table alone, so that a
+  given table gives the same plans (tests).
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
 (``budget``), and nothing at all when every row is planned at 0. An iteration in which no
-row drafted changes no estimate, so the plan stands (unless rows finished or a row
-probes) and is not made again.
+row drafted changes no estimate, so the plan stands and is not made again, unless a row
+probes or so many rows have finished that the power of two of the rows active changed
+(planning 16 rows takes about a tenth of an iteration's bookkeeping).
 """
 
 import functools
@@ -71,6 +74,7 @@ SINGLE_ROW_STEPS = 200  # a row alone is planned at its estimate rounded to 1/20
 PRIOR_WEIGHT = 2.0  # drafts' worth of evidence the prior counts for at a row's start
 TIMING_WEIGHT = 0.2  # the newest iteration's weight in a timing correction's moving average
 TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is clipped to this range
+ROW_BUCKETS = 8  # the corrections' row counts: 1, 2-3, 4-7, ..., 128 and more
 CORRECTIONS = ("timing", "none")
 
 
@@ -118,12 +122,13 @@ class GoodputState(RowState):
     planned: np.ndarray  # (B,) int64: ``plan`` on the host
     predicted: float = 0.0  # seconds the cost table gives the planned iteration
     clock: Optional[float] = None  # time.perf_counter() at the last observe (None: none yet this batch)
-    stale: bool = False  # rows finished since the plan was made: plan again
+    planned_for: int = 0  # the rows active when the plan was made
+    predicted_for: int = 0  # the rows active when ``predicted`` was
 
     def select(self, rows: Tensor) -> "GoodputState":
         here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
         return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step[here], self.wait[here],
-                            self.planned[here], self.predicted, self.clock, stale=True)
+                            self.planned[here], self.predicted, self.clock, self.planned_for, self.predicted_for)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -180,6 +185,12 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: flo
     return np.bincount(chosen, minlength=rows).astype(np.int64)
 
 
+def bucket(rows: int) -> int:
+    """The timing corrections' row bucket of ``rows`` rows: floor(log2(rows)), at most
+    ``ROW_BUCKETS`` - 1."""
+    return min(max(rows, 1).bit_length() - 1, ROW_BUCKETS - 1)
+
+
 class Goodput(Controller):
     """Each row's k in 0 .. k_max for the most expected tokens per second (see the module)."""
 
@@ -202,9 +213,10 @@ class Goodput(Controller):
         self.horizon = k_max
         self.costs = costs
         self.correction = correction
-        # measured / predicted seconds of idle [0] and drafting [1] iterations (log space:
-        # moving averages), kept across batches: they describe the machine and the models
-        self.log_ratio = np.zeros(2)
+        # measured / predicted seconds of idle [:, 0] and drafting [:, 1] iterations of 1,
+        # 2-3, 4-7, ... rows (log space: moving averages), kept across batches: they describe
+        # the machine and the models
+        self.log_ratio = np.zeros((ROW_BUCKETS, 2))
         self.single: Dict[Tuple[int, int], int] = {}  # a row alone: (rounded estimate, rounded correction) -> its k
 
     @classmethod
@@ -223,13 +235,13 @@ class Goodput(Controller):
             raise UsageError(f"the cost table measures verify passes of up to {max(costs.widths)} positions a row, "
                              f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
         self.costs, self.single = costs, {}
-        self.log_ratio = np.zeros(2)  # corrections of another table mean nothing for this one
+        self.log_ratio = np.zeros((ROW_BUCKETS, 2))  # corrections of another table mean nothing for this one
 
-    @property
-    def drafting(self) -> float:
-        """How many times the table's seconds a drafting iteration takes, relative to an idle
-        one, as measured (1 without the timing correction)."""
-        return float(np.exp(self.log_ratio[1] - self.log_ratio[0]))
+    def drafting(self, rows: int) -> float:
+        """How many times the table's seconds a drafting iteration of ``rows`` rows takes,
+        relative to an idle one, as measured (1 without the timing correction)."""
+        ratio = self.log_ratio[bucket(rows)]
+        return float(np.exp(ratio[1] - ratio[0]))
 
     def time(self, state: "GoodputState", now: float) -> None:
         """Fold the iteration that ended at ``now`` (planned in ``state``) into the timing
@@ -238,7 +250,8 @@ class Goodput(Controller):
             return
         ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
         kind = int(state.planned.max(initial=0) > 0)  # whether a draft pass ran
-        self.log_ratio[kind] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio[kind])
+        row = self.log_ratio[bucket(len(state.planned))]
+        row[kind] += TIMING_WEIGHT * (math.log(ratio) - row[kind])
 
     def plan(self, acceptance: np.ndarray) -> np.ndarray:
         """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
@@ -247,7 +260,7 @@ class Goodput(Controller):
         and planning afresh would be a tenth of it."""
         if self.costs is None:
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
-        drafting = self.drafting
+        drafting = self.drafting(len(acceptance))
         if len(acceptance) == 1:
             key = (int(round(float(acceptance[0]) * SINGLE_ROW_STEPS)), int(round(math.log(drafting) * 20)))
             if key not in self.single:
@@ -261,7 +274,7 @@ class Goodput(Controller):
         plan = self.plan(prior)
         return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior), torch.as_tensor(plan, device=device),
                             np.zeros(rows, dtype=np.int64), np.full(rows, self.probe_every, dtype=np.int64), plan,
-                            plan_seconds(plan, self.costs, self.k_max))
+                            plan_seconds(plan, self.costs, self.k_max), None, rows, rows)
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -278,7 +291,9 @@ class Goodput(Controller):
         self.time(state, now)
         drafted = sent > 0
         step = state.step + 1  # (B,) the index of the row's next iteration
-        if not drafted.any() and not state.stale:  # nothing learnt: the plan stands
+        rows = len(sent)
+        # nothing learnt, and as many rows as it was made for to a power of two: the plan stands
+        if not drafted.any() and bucket(rows) == bucket(state.planned_for):
             hits, misses, acceptance, plan = state.hits, state.misses, None, state.planned
         else:
             keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
@@ -286,13 +301,16 @@ class Goodput(Controller):
             misses = state.misses * keep + (drafted & (kept < sent))
             acceptance = hits / (hits + misses)
             plan = self.plan(acceptance)  # (B,)
+        planned_for = state.planned_for if plan is state.planned else rows
         wait = np.where(plan > 0, self.probe_every, state.wait)
         probe = (plan == 0) & (step % state.wait == 0)  # (B,)
         if probe.any():
             acceptance = hits / (hits + misses) if acceptance is None else acceptance
             plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
             wait = np.where(probe, state.wait * 2, wait)
-        if plan is state.planned and not state.stale:  # the same plan, on the device already
-            return GoodputState(hits, misses, state.plan, step, wait, plan, state.predicted, now)
+        if plan is state.planned:  # the same plan, on the device already
+            predicted = (state.predicted if state.predicted_for == rows
+                         else plan_seconds(plan, self.costs, self.k_max))
+            return GoodputState(hits, misses, state.plan, step, wait, plan, predicted, now, planned_for, rows)
         return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), step, wait, plan,
-                            plan_seconds(plan, self.costs, self.k_max), now)
+                            plan_seconds(plan, self.costs, self.k_max), now, planned_for, rows)
