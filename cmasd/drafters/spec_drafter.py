@@ -8,7 +8,7 @@ fairseq-train trains.
 Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
 slots are never cached, and nothing is ever rolled back (the slots are recomputed every
 pass). Decoding runs a copy of the decoder's weights prepared once
-(``cmasd.layers.prepared.DecodingDecoder`` on native, packed or int8 kernels). With
+(``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv, int8 or bf16 kernels). With
 ``--spec-draft-shortlist N`` the pass projects its slots onto the N most frequent pieces
 only (``cmasd.drafters.shortlist``): the drafts are among them, their distribution and
 confidence are the shortlist's.
@@ -72,7 +72,7 @@ class SpecDrafterCache:
 
 class SpecDrafter(ModelDrafter):
     """A Spec-Drafter prepared for decoding: its decoder's weights as a
-    ``DecodingDecoder`` on ``kernels`` (native, packed or int8), the learned mask vector
+    ``DecodingDecoder`` on ``kernels`` (native, packed, gemv, int8 or bf16), the learned mask vector
     and the embeddings as they are. ``block`` (``--spec-draft-block``, default the
     trained block k_max) is how many slots each pass runs: fewer cost less, but the slots
     then see a shorter block than in training. ``shortlist`` (``--spec-draft-shortlist``,

@@ -17,7 +17,7 @@ written here once; its backends supply the parts:
   places, autograd). The Spec-Drafter trains through it; in eval mode it is fairseq's
   incremental-decoding arithmetic.
 * ``PreparedLayer``: copies of the weights on linear layers made by a ``Linear`` factory
-  (``cmasd.layers.kernels``: native, packed, gemv or int8), the query, key and value
+  (``cmasd.layers.kernels``: native, packed, gemv, int8 or bf16), the query, key and value
   projections fused into one, the query scaling folded where exact, a ReLU fused into
   ``fc1``, an additive mask, no dropout. The verifier's block scorer and the drafters
   decode with it (``cmasd.layers.prepared``).
