@@ -326,3 +326,119 @@ def test_a_long_source_encodes_and_decodes_as_fairseq(variant):
     torch.testing.assert_close(got_enc["encoder_out"][0] * real, expected_enc["encoder_out"][0] * real,
                                rtol=0, atol=1e-4)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def tiny_decoder(normalize_before: bool, dim: int, heads: int, cross: bool):
+    """A random 2-layer fairseq Transformer decoder of ``dim`` dimensions and ``heads`` heads
+    (feed-forward 2 dim + 8: a partial last panel), with or without encoder attention, its
+    layer norms' weights and biases random too."""
+    from fairseq.models.transformer import TransformerDecoder
+
+    dictionary = tiny_dictionary()
+    args = argparse.Namespace(
+        encoder_layers=1, decoder_layers=2, encoder_embed_dim=dim, decoder_embed_dim=dim,
+        encoder_ffn_embed_dim=2 * dim, decoder_ffn_embed_dim=2 * dim + 8, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, decoder_normalize_before=normalize_before, max_target_positions=64,
+    )
+    base_architecture(args)
+    torch.manual_seed(8)
+    embed = torch.nn.Embedding(len(dictionary), dim, dictionary.pad())
+    decoder = TransformerDecoder(args, dictionary, embed, no_encoder_attn=not cross).eval()
+    with torch.no_grad():
+        for module in decoder.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.normal_(1.0, 0.3)
+                module.bias.normal_(0.0, 0.3)
+    return decoder
+
+
+# (B, n): one row of one and of a few positions, a few rows, 16 rows, GEMV_MAX_ROWS rows
+FUSED_SHAPES = [(1, 1), (1, 5), (3, 4), (16, 1), (8, 8)]
+
+
+@pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
+                    reason=f"gemv unavailable: {extension.load()[1]}")
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("cross", [True, False])
+@pytest.mark.parametrize("dim,heads", [(32, 4), (36, 4), (128, 2)])  # head dims 8, 9 (scalar tails), 64 (folded)
+def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, heads):
+    """The C++ FusedDecoder against the same prepared layers run one by one from Python
+    (DecodingDecoder.block_states either way): post- and pre-norm, with and without encoder
+    attention (a padded source: a cross mask), the causal rule applied in C++ (no self mask)
+    and explicit self masks (per row, and broadcast over the rows), the positions as (B, n)
+    or as the scatter index (B, 2H, n, d), all layers or the upper ones, 1 and 2 threads, at
+    several B x n up to GEMV_MAX_ROWS: the same states and the same cache entries."""
+    from cmasd.layers.kernels import GEMV_MAX_ROWS
+    from cmasd.layers.prepared import DecodingDecoder, additive_mask
+
+    decoder = tiny_decoder(normalize_before, dim, heads, cross)
+    fused, layered = DecodingDecoder(decoder, "gemv"), DecodingDecoder(decoder, "gemv")
+    assert fused.fused is not None
+    layered.fused = None
+    layers, head_dim = len(fused.layers), dim // heads
+    threads = torch.get_num_threads()
+    torch.manual_seed(9)
+    try:
+        for bsz, n in FUSED_SHAPES:
+            assert bsz * n <= GEMV_MAX_ROWS and fused.takes_whole(bsz * n)
+            capacity = 10 + n
+            start = torch.randint(0, 8, (bsz,))
+            index = start[:, None] + torch.arange(n)  # (B, n)
+            where = index[:, None, :, None].expand(bsz, 2 * heads, n, head_dim)
+            used = int(index.max()) + 1
+            kv = [torch.randn(bsz, 2 * heads, capacity, head_dim) for _ in range(layers)]  # a "cached prefix"
+            x = torch.randn(bsz, n, dim)
+            if cross:
+                visible = torch.ones(bsz, 7, dtype=torch.bool)
+                visible[0, :3] = bsz == 1  # a padded source where there are rows beside it
+                keys, cross_bias = fused.cross_keys(torch.randn(bsz, 7, dim), visible)
+            else:
+                keys, cross_bias = [(torch.empty(0), torch.empty(0))] * layers, None
+            key_pos = torch.arange(used)
+            own = key_pos == index[:, :, None]  # (B, n, used)
+            seen = ((key_pos <= index[:, :, None]) & (torch.rand(bsz, n, used) > 0.3)) | own
+            masks = {"causal": None, "mask": additive_mask(seen[:, None], x),
+                     "broadcast mask": additive_mask((seen[:1] | (key_pos == 0))[:, None], x)}  # (1, 1, n, used)
+            for (name, bias), positions, first in [
+                ((name, bias), positions, first) for name, bias in masks.items() for positions in (index, where)
+                for first in (0, 1)
+            ]:
+                one_thread = None
+                for count in (1, 2):
+                    torch.set_num_threads(count)
+                    caches = [[c.clone() for c in kv] for _ in range(2)]
+                    got = fused.block_states(x, caches[0], positions, used, bias, keys, cross_bias, first)
+                    want = layered.block_states(x, caches[1], positions, used, bias, keys, cross_bias, first)
+                    case = f"B {bsz}, n {n}, {name}, positions {tuple(positions.shape)}, from layer {first}, {count} threads"
+                    torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=lambda m: f"{case}: {m}")
+                    for a, b in zip(*caches):
+                        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=lambda m: f"{case}, cache: {m}")
+                    if one_thread is None:
+                        one_thread = got
+                    else:  # the same items whatever the threads: the same results, bit for bit
+                        assert torch.equal(got, one_thread), case
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
+                    reason=f"gemv unavailable: {extension.load()[1]}")
+def test_fused_layers_refuse_what_they_cannot_run():
+    """Positions past a cache's capacity, a mask that does not broadcast, caches of another
+    shape: errors, not writes out of bounds."""
+    from cmasd.layers.prepared import DecodingDecoder
+
+    decoder = tiny_decoder(False, 32, 4, True)
+    dec = DecodingDecoder(decoder, "gemv")
+    fused = dec.fused
+    x = torch.randn(1, 2, 32)
+    kv = [torch.zeros(1, 8, 4, 8) for _ in range(2)]
+    keys, _ = dec.cross_keys(torch.randn(1, 5, 32), torch.ones(1, 5, dtype=torch.bool))
+    ks, vs = [k for k, _ in keys], [v for _, v in keys]
+    fused.states(x, kv, torch.tensor([[2, 3]]), 4, None, ks, vs, None, True)  # fits
+    with pytest.raises(RuntimeError, match="capacity"):
+        fused.states(x, kv, torch.tensor([[3, 4]]), 5, None, ks, vs, None, True)
+    with pytest.raises(RuntimeError, match="broadcast"):
+        fused.states(x, kv, torch.tensor([[2, 3]]), 4, torch.zeros(1, 1, 2, 3), ks, vs, None, False)
+    with pytest.raises(RuntimeError, match="caches"):
+        fused.states(x, [torch.zeros(1, 8, 4, 4)] * 2, torch.tensor([[2, 3]]), 4, None, ks, vs, None, True)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cmasd.core.drafting import LowerLayers
-from cmasd.layers.prepared import DecodingDecoder, additive_mask
+from cmasd.layers.prepared import DecodingDecoder
 from cmasd.layers.transformer import Ragged, encoder_states
 
 Resume = LowerLayers  # its old name (a self-speculative drafter resumes verification above them)
@@ -159,16 +159,14 @@ class BlockScorer:
         With ``ragged``, x and the result are the block's counting positions packed (N, C).
         ``end``: ``(start + n).max()``, the positions the block's attention spans, where the
         caller knows it on the host; None: read from the device (a host synchronisation)."""
-        bsz, n = (x.shape[:2] if ragged is None else (ragged.rows, ragged.length))
-        dec = self.decoder
-        index = start[:, None] + torch.arange(n, device=x.device)[None, :]  # (B, n) sequence positions
+        n = x.size(1) if ragged is None else ragged.length
+        index = start[:, None] if n == 1 else start[:, None] + torch.arange(n, device=start.device)  # (B, n) positions
         used = int(index.max()) + 1 if end is None else end
         if used > cache.capacity:
             raise ValueError(f"block reaches position {used - 1}, past the cache's capacity {cache.capacity} (grow it)")
-        key_pos = torch.arange(used, device=x.device)
-        bias = additive_mask((key_pos[None, None, :] <= index[:, :, None])[:, None], x)  # (B, 1, n, used)
-        where = index[:, None, :, None].expand(bsz, 2 * dec.heads, n, dec.head_dim)  # (B, 2H, n, d)
-        return dec.block_states(x, cache.kv, where, used, bias, cache.cross, cache.cross_bias, first, last, ragged)
+        # no self mask: causal (each query sees the positions up to its own)
+        return self.decoder.block_states(x, cache.kv, index, used, None, cache.cross, cache.cross_bias, first, last,
+                                         ragged)
 
     def carry_up(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int, last: int) -> None:
         """Keys and values for layers ``first`` .. ``last`` - 1 made of the states x (B, n, C)

@@ -20,7 +20,7 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
-NAME = "cmasd_decoding_v5"  # a new name when the source's interface changes
+NAME = "cmasd_decoding_v6"  # a new name when the source's interface changes
 
 
 def cpu_obstacle() -> Optional[str]:

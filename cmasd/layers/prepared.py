@@ -128,7 +128,7 @@ class DecodingDecoder:
         self,
         x: Tensor,
         kv: List[Tensor],
-        where: Tensor,
+        index: Tensor,
         used: int,
         self_bias: Optional[Tensor],
         cross: List[Tuple[Tensor, Tensor]],
@@ -137,18 +137,28 @@ class DecodingDecoder:
         last: Optional[int] = None,
         ragged: Optional[Ragged] = None,
     ) -> Tensor:
-        """Layers ``first`` .. ``last`` - 1 (default: all) over a block x (B, T, C) whose new
-        keys and values go into each layer's cache ``kv`` (B, 2H, capacity, d) at ``where``
-        (B, 2H, T, d) (sequence positions), the queries seeing cache positions < ``used``
-        through ``self_bias`` (B, 1, T, used). All layers in one C++ call where the gemv
-        kernels' fused layers take a block this small, else layer by layer. With ``ragged``
-        (layer by layer only), x and the result are the counting positions packed (N, C)."""
+        """Layers ``first`` .. ``last`` - 1 (default: all) over a block x (B, T, C) at sequence
+        positions ``index`` (B, T) int64 (or the scatter index (B, 2H, T, d) of ``index``
+        expanded): its new keys and values go into each layer's cache ``kv`` (B, 2H, capacity,
+        d) at those positions, and its queries see cache positions < ``used``: through
+        ``self_bias`` (B, 1, T, used) where given, else causally (each the positions up to its
+        own). All layers in one C++ call where the gemv kernels' fused layers take a block this
+        small (the causal rule applied there: no mask to build), else layer by layer. With
+        ``ragged`` (layer by layer only), x and the result are the counting positions packed
+        (N, C)."""
         last = len(self.layers) if last is None else last
         fused = self.fused_range(first, last)
         if ragged is None and fused is not None and self.takes_whole(x.size(0) * x.size(1)):
-            return fused.states(x, kv[first:last], where, used, self_bias, [k for k, _ in cross[first:last]],
-                                [v for _, v in cross[first:last]], cross_bias)
+            return fused.states(x, kv[first:last], index, used, self_bias, [k for k, _ in cross[first:last]],
+                                [v for _, v in cross[first:last]], cross_bias, self_bias is None)
         heads = self.heads
+        if index.dim() == 4:
+            where, index = index, index[:, 0, :, 0]
+        else:
+            where = index[:, None, :, None].expand(index.size(0), 2 * heads, index.size(1), self.head_dim)
+        if self_bias is None:
+            key_pos = torch.arange(used, device=index.device)
+            self_bias = additive_mask((key_pos[None, None, :] <= index[:, :, None])[:, None], x)  # (B, 1, T, used)
 
         def self_keys(layer: int, kv_new: Tensor):
             cache = kv[layer]  # (B, 2H, capacity, d)
