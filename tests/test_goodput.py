@@ -13,6 +13,7 @@ saving a table that ``--spec-costs`` then reads.
 import json
 import re
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -102,13 +103,18 @@ class FakeClock:
         return self.now
 
 
-def run_timed(correction: str, drafting: float, rows: int, iterations: int, monkeypatch):
+def run_timed(correction: str, drafting: float, rows: int, iterations: int, monkeypatch, idle_first: bool = True):
     """Draft lengths sent over ``iterations`` iterations of ``rows`` rows whose drafts are
     all accepted, drafting iterations taking ``drafting`` times what the table says."""
     costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
     goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=4, limit=None, costs=costs, correction=correction)
     clock = FakeClock(goodput, drafting)
     monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
+    if idle_first:  # idle iterations timed first (as the table says), as a batch's probes and idle rows are
+        idle = goodput.start(rows, torch.device("cpu"))
+        idle = replace(idle, planned=np.zeros(rows, dtype=np.int64))
+        for i in range(goodput_module.TIMING_MIN):
+            goodput.time(replace(idle, clock=float(i), predicted=1.0), float(i) + 1.0)
     state = goodput.start(rows, torch.device("cpu"))
     sent = []
     for _ in range(iterations):
@@ -129,6 +135,10 @@ def test_measured_iterations_correct_the_table(monkeypatch):
     assert goodput.drafting(4) == pytest.approx(1.0)
     slow, goodput = run_timed("timing", drafting=6.0, rows=4, iterations=40, monkeypatch=monkeypatch)
     assert goodput.drafting(4) > 3.0 and goodput.drafting(1) == 1.0  # measured for 4 rows only
+    # rows that never idle: no idle time to weigh drafting against, the table stands
+    never_idle, goodput = run_timed("timing", drafting=6.0, rows=4, iterations=40, monkeypatch=monkeypatch,
+                                    idle_first=False)
+    assert goodput.drafting(4) == 1.0 and (never_idle == table_alone).all()
     assert (slow[:2] > 0).all() and (slow[-20:].max(axis=1) == 0).mean() >= 0.75  # idle but for probes
 
 

@@ -42,7 +42,10 @@ per row and for a batch's pass, every iteration:
   idle and for drafting iterations (moving averages in log space, each iteration
   weighing ``TIMING_WEIGHT``), for each power of two of rows active (one row, 2-3, 4-7, ...:
   a batch's last rows draft where its full width does not, at other ratios); a plan's
-  drafting seconds are weighed by their ratio. Idle iterations keep correcting the idle
+  drafting seconds are weighed by their ratio once both kinds have been timed
+  ``TIMING_MIN`` times at that many rows (the table misjudges both kinds alike in part:
+  Python's own time, say; corrected on one side only, that part would count against
+  drafting where rows never idle). Idle iterations keep correcting the idle
   estimate, drafting ones and probes the drafting one. ``none``: the table alone, so that a
   given table gives the same plans (tests).
 
@@ -75,6 +78,7 @@ PRIOR_WEIGHT = 2.0  # drafts' worth of evidence the prior counts for at a row's 
 TIMING_WEIGHT = 0.2  # the newest iteration's weight in a timing correction's moving average
 TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is clipped to this range
 ROW_BUCKETS = 8  # the corrections' row counts: 1, 2-3, 4-7, ..., 128 and more
+TIMING_MIN = 8  # iterations of each kind timed at a row count before its correction applies
 CORRECTIONS = ("timing", "none")
 
 
@@ -217,6 +221,7 @@ class Goodput(Controller):
         # 2-3, 4-7, ... rows (log space: moving averages), kept across batches: they describe
         # the machine and the models
         self.log_ratio = np.zeros((ROW_BUCKETS, 2))
+        self.timed = np.zeros((ROW_BUCKETS, 2), dtype=np.int64)  # iterations timed of each kind
         self.single: Dict[Tuple[int, int], int] = {}  # a row alone: (rounded estimate, rounded correction) -> its k
 
     @classmethod
@@ -236,10 +241,13 @@ class Goodput(Controller):
                              f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
         self.costs, self.single = costs, {}
         self.log_ratio = np.zeros((ROW_BUCKETS, 2))  # corrections of another table mean nothing for this one
+        self.timed = np.zeros((ROW_BUCKETS, 2), dtype=np.int64)
 
     def drafting(self, rows: int) -> float:
         """How many times the table's seconds a drafting iteration of ``rows`` rows takes,
         relative to an idle one, as measured (1 without the timing correction)."""
+        if self.timed[bucket(rows)].min() < TIMING_MIN:  # one kind not yet timed enough
+            return 1.0
         ratio = self.log_ratio[bucket(rows)]
         return float(np.exp(ratio[1] - ratio[0]))
 
@@ -252,6 +260,7 @@ class Goodput(Controller):
         kind = int(state.planned.max(initial=0) > 0)  # whether a draft pass ran
         row = self.log_ratio[bucket(len(state.planned))]
         row[kind] += TIMING_WEIGHT * (math.log(ratio) - row[kind])
+        self.timed[bucket(len(state.planned)), kind] += 1
 
     def plan(self, acceptance: np.ndarray) -> np.ndarray:
         """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
