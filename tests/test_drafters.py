@@ -196,6 +196,35 @@ def test_autoregressive_cached_drafting_equals_recomputation(layers):
     assert state.cache.capacity > 6
 
 
+@pytest.mark.parametrize("shares_encoder", [True, False])
+def test_the_draft_models_cache_waits_for_its_first_draft(shares_encoder):
+    """A batch builds nothing for the draft model until it drafts (a controller that idles
+    pays for no encoder keys and no copies as rows leave); built after rows left and the
+    caches grew, for the rows still active, its first draft feeds their whole prefixes and
+    equals greedy drafting from scratch."""
+    spec_model, verifier, dictionary = tiny_drafter()
+    model = draft_model(verifier, dictionary, 1)
+    drafter = AutoregressiveDrafter(model, "native", shares_encoder=shares_encoder)
+    gen = torch.Generator().manual_seed(8)
+    bsz, horizon = 4, 3
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    built = []
+    start = drafter.scorer.start
+    drafter.scorer.start = lambda *a, **k: built.append(1) or start(*a, **k)
+    state = drafter.start(Source(src, src_lengths, encoder_out), 4)
+    keep = torch.tensor([0, 2, 3])
+    state = state.select(keep).grow(30).select(torch.tensor([0, 2]))  # rows 1, then 2 of the batch left
+    assert state.cache is None and built == [] and state.pending.rows.tolist() == [0, 3]
+    rows = torch.tensor([0, 3])
+    lengths = torch.tensor([9, 5])
+    tokens = prefixes(dictionary, gen, 2, 30, lengths)
+    draft, state = drafter.draft(state, tokens, lengths, DraftRequest(horizon))
+    assert built == [1] and state.cache.capacity == 30 and state.cached.tolist() == lengths.tolist()
+    own = encoder_out if shares_encoder else model.encoder(src, src_lengths=src_lengths)
+    _, expected = recomputed(model, model.encoder.reorder_encoder_out(own, rows), tokens, lengths, horizon)
+    assert torch.equal(draft.tokens, expected)
+
+
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.7, 0.71, 1.0])
 def test_autoregressive_drafter_stops_once_every_row_is_unsure(threshold):
     """With ``stop_below`` the draft model stops after the step at which the last row

@@ -89,6 +89,52 @@ def test_a_row_at_zero_probes_and_waits_longer_after_each_failure():
     assert len(drafting) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes, ever further apart
 
 
+def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are():
+    """``observe_one`` (plain Python, a row alone) against ``observe_rows`` (numpy) on one
+    row: the same plans, counts, probes and predictions over a random run that drafts,
+    idles and probes, after a batch of four shrank to it."""
+    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.3))
+    one, rows = (Goodput(K, prior=0.6, memory=0.7, probe_every=2, limit=None, costs=costs) for _ in range(2))
+    states = [g.start(4, torch.device("cpu")) for g in (one, rows)]
+    states = [g.observe_rows(st, st.planned, st.planned, now=0.0) for g, st in zip((one, rows), states)]
+    states = [st.select(torch.tensor([2])) for st in states]  # three rows finished
+    rng = np.random.default_rng(0)
+    kinds = set()
+    for i in range(300):
+        a, b = states
+        assert (a.planned.tolist(), a.plan.tolist(), a.step, a.wait.tolist(), a.drafts, a.planned_for) == \
+            (b.planned.tolist(), b.plan.tolist(), b.step, b.wait.tolist(), b.drafts, b.planned_for)
+        assert np.allclose([a.hits[0], a.misses[0], a.predicted], [b.hits[0], b.misses[0], b.predicted])
+        sent = int(a.planned[0])
+        kept = int(rng.integers(0, sent + 1)) if i < 100 or i > 200 else 0  # a stretch where nothing is accepted
+        kinds.add(sent > 0)
+        states = [one.observe_one(a, sent, kept, now=float(i)), rows.observe_rows(b, np.array([sent]), np.array([kept]),
+                                                                                  now=float(i))]
+    assert kinds == {True, False} and one.pool == pytest.approx(rows.pool)
+
+
+def test_new_rows_start_from_the_acceptance_seen_so_far():
+    """``--goodput-start learned``: after rows whose drafts were always accepted, a new
+    batch starts drafting more than the prior would; after rows whose drafts always
+    failed, at 0. ``prior``: every batch starts from ``--goodput-prior``."""
+    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.3))
+    first = Goodput(K, prior=0.5, memory=0.7, probe_every=100, limit=None, costs=costs).start(2, torch.device("cpu"))
+    for start, accepted, expected in (("learned", True, "more"), ("learned", False, "none"), ("prior", True, "same"),
+                                      ("prior", False, "same")):
+        goodput = Goodput(K, prior=0.5, memory=0.7, probe_every=100, limit=None, costs=costs, start=start)
+        for _ in range(5):  # batches of four rows, three iterations each
+            state = goodput.start(4, torch.device("cpu"))
+            for _ in range(3):
+                state = goodput.observe(state, state.plan, state.plan if accepted else torch.zeros_like(state.plan))
+        planned = goodput.start(2, torch.device("cpu")).planned
+        if expected == "more":
+            assert (planned > first.planned).all()
+        elif expected == "none":
+            assert (planned == 0).all() and (first.planned > 0).all()
+        else:
+            assert (planned == first.planned).all()
+
+
 class FakeClock:
     """time.perf_counter for the controller: each call advances by what the iteration
     planned (``state``) takes, ``drafting`` or ``idle`` times the table's seconds."""
@@ -112,7 +158,7 @@ def run_timed(correction: str, drafting: float, rows: int, iterations: int, monk
     monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
     if idle_first:  # idle iterations timed first (as the table says), as a batch's probes and idle rows are
         idle = goodput.start(rows, torch.device("cpu"))
-        idle = replace(idle, planned=np.zeros(rows, dtype=np.int64))
+        idle = replace(idle, planned=np.zeros(rows, dtype=np.int64), drafts=False)
         for i in range(goodput_module.TIMING_MIN):
             goodput.time(replace(idle, clock=float(i), predicted=1.0), float(i) + 1.0)
     state = goodput.start(rows, torch.device("cpu"))
@@ -135,11 +181,18 @@ def test_measured_iterations_correct_the_table(monkeypatch):
     assert goodput.drafting(4) == pytest.approx(1.0)
     slow, goodput = run_timed("timing", drafting=6.0, rows=4, iterations=40, monkeypatch=monkeypatch)
     assert goodput.drafting(4) > 3.0 and goodput.drafting(1) == 1.0  # measured for 4 rows only
-    # rows that never idle: no idle time to weigh drafting against, the table stands
+    assert (slow[:2] > 0).all() and (slow[-20:].max(axis=1) == 0).mean() >= 0.75  # idle but for probes
+    # rows that never idle: once TIMING_MIN drafting iterations were timed, as many idle
+    # ones are, to weigh them against; then the plans are the table's where drafting takes
+    # as long as it says, and idle where it takes six times as long
+    n = goodput_module.TIMING_MIN
+    as_fast, goodput = run_timed("timing", drafting=1.0, rows=4, iterations=40, monkeypatch=monkeypatch,
+                                 idle_first=False)
+    assert (as_fast[1 : n + 1] > 0).all() and (as_fast[n + 1 : 2 * n + 1] == 0).all()
+    assert (as_fast[2 * n + 1 :] == table_alone[2 * n + 1 :]).all() and goodput.drafting(4) == pytest.approx(1.0)
     never_idle, goodput = run_timed("timing", drafting=6.0, rows=4, iterations=40, monkeypatch=monkeypatch,
                                     idle_first=False)
-    assert goodput.drafting(4) == 1.0 and (never_idle == table_alone).all()
-    assert (slow[:2] > 0).all() and (slow[-20:].max(axis=1) == 0).mean() >= 0.75  # idle but for probes
+    assert goodput.drafting(4) > 3.0 and (never_idle[-20:].max(axis=1) == 0).mean() >= 0.75
 
 
 def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_halve(monkeypatch):

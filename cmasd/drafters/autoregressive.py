@@ -45,17 +45,37 @@ from cmasd.errors import UsageError
 
 
 @dataclass(frozen=True)
+class Pending:
+    """What a draft model's cache is built from at its first draft: the batch's source,
+    the rows of it still active (in order), and the capacity asked for so far."""
+
+    source: Source
+    rows: Tensor  # (B,) indices into the source's rows
+    capacity: int
+
+
+@dataclass(frozen=True)
 class ARDrafterState:
     """The draft model's cache for the rows of a batch: positions ``0 .. cached - 1``
-    hold keys and values of accepted tokens; later ones are stale."""
+    hold keys and values of accepted tokens; later ones are stale. ``cache`` is None until
+    the batch's first draft (``pending`` then says what to build it from): a batch whose
+    rows never draft, as under a cost-aware controller that finds drafting does not pay,
+    pays neither for the draft model's encoder keys nor for copying its cache as rows
+    finish, and its first draft feeds each row's whole prefix."""
 
-    cache: VerifierCache
+    cache: Optional[VerifierCache]
     cached: Tensor  # (B,)
+    pending: Optional[Pending] = None
 
     def select(self, rows: Tensor) -> "ARDrafterState":
+        if self.cache is None:
+            return replace(self, cached=self.cached.index_select(0, rows),
+                           pending=replace(self.pending, rows=self.pending.rows.index_select(0, rows)))
         return ARDrafterState(self.cache.select(rows), self.cached.index_select(0, rows))
 
     def grow(self, capacity: int) -> "ARDrafterState":
+        if self.cache is None:
+            return replace(self, pending=replace(self.pending, capacity=max(capacity, self.pending.capacity)))
         return replace(self, cache=self.cache.grow(capacity))
 
 
@@ -105,11 +125,23 @@ class AutoregressiveDrafter(ModelDrafter):
 
     @torch.no_grad()
     def start(self, source: Source, capacity: int) -> ARDrafterState:
+        """Nothing built yet (``ARDrafterState``): the cache waits for the first draft."""
+        bsz, device = source.tokens.size(0), source.tokens.device
+        return ARDrafterState(None, torch.zeros(bsz, dtype=torch.long, device=device),
+                              Pending(source, torch.arange(bsz, device=device), capacity))
+
+    def built(self, state: ARDrafterState) -> ARDrafterState:
+        """``state`` with its cache, for the rows still active: the draft model's own
+        encoder run where it has one, its encoder keys computed and the finished rows
+        dropped (every row feeds its whole prefix next)."""
+        source, rows, capacity = state.pending.source, state.pending.rows, state.pending.capacity
         encoder_out = source.encoder_out
         if not self.shares_encoder:
             encoder_out = self.encode({"src_tokens": source.tokens, "src_lengths": source.lengths})
-        cached = torch.zeros(source.tokens.size(0), dtype=torch.long, device=source.tokens.device)
-        return ARDrafterState(self.scorer.start(encoder_out, capacity), cached)
+        cache = self.scorer.start(encoder_out, capacity)
+        if rows.numel() < source.tokens.size(0):  # rows only ever leave, in order: fewer means some left
+            cache = cache.select(rows)
+        return ARDrafterState(cache, state.cached)
 
     @torch.no_grad()
     def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
@@ -119,6 +151,8 @@ class AutoregressiveDrafter(ModelDrafter):
         feed, how far the longest row reaches), and with ``stop_below`` one after each
         drafted token but the last (whether every row is unsure)."""
         bsz, width = tokens.shape
+        if state.cache is None:
+            state = self.built(state)
         # every row feeds its last ``fed`` tokens (rows with fewer recompute some cached
         # ones, which is harmless), so each row's last accepted token sits at one index
         fed, longest = torch.stack([(lengths - state.cached).max(), lengths.max()]).tolist()

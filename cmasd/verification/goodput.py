@@ -12,7 +12,18 @@ per row and for a batch's pass, every iteration:
   a failure, both decayed by ``--goodput-memory`` per drafting iteration; a row starts
   from the prior (``--goodput-prior``) as if it had seen ``PRIOR_WEIGHT`` drafts, which
   decay as the row's own do. A row sending k drafts then gains 1 + a + ... + a^k tokens
-  in expectation.
+  in expectation. The prior a row starts from is learnt (``--goodput-start learned``, the
+  default): the acceptance of every row's drafts so far, pooled over the rows of every
+  batch and decayed by ``POOL_MEMORY`` per drafting iteration, once ``POOL_MIN`` drafts'
+  worth of evidence is in (``--goodput-prior`` until then, and always with ``prior``),
+  counting for ``LEARNED_WEIGHT`` drafts. A sentence of Multi30k lasts four or five
+  iterations at the draft lengths that pay: a row that started from a fixed prior below
+  its acceptance spent them learning it, and one that started above it, where drafting
+  fails, paid for drafts the rows before it had already shown to fail. A row's first few
+  verifications say little (a rejection halves a fresh estimate): with the learnt prior
+  counting for 2 drafts, rows idled on one bad draw and the batch-1 run of the shortlisted
+  draft model reached 0.91x fixed gamma 4's speed; counting for 6 or 20, 0.95-0.96x
+  (docs/results/speculation-pays.md).
 * **Costs, measured.** A ``cmasd.core.costs.Costs`` table: the drafter's cost for the
   longest draft (h), the verify pass over the positions sent (every row's last token and
   its drafts; with padded verification every row pays the widest block) and the rest of
@@ -73,13 +84,16 @@ from cmasd.core.verifying import Controller, RowState
 from cmasd.errors import UsageError
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
 
-SINGLE_ROW_STEPS = 200  # a row alone is planned at its estimate rounded to 1/200
-PRIOR_WEIGHT = 2.0  # drafts' worth of evidence the prior counts for at a row's start
+PRIOR_WEIGHT = 2.0  # drafts' worth of evidence --goodput-prior counts for at a row's start
+LEARNED_WEIGHT = 10.0  # and a learnt prior (the pooled acceptance of many rows: a row's own first drafts say less)
 TIMING_WEIGHT = 0.2  # the newest iteration's weight in a timing correction's moving average
 TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is clipped to this range
 ROW_BUCKETS = 8  # the corrections' row counts: 1, 2-3, 4-7, ..., 128 and more
 TIMING_MIN = 8  # iterations of each kind timed at a row count before its correction applies
 CORRECTIONS = ("timing", "none")
+STARTS = ("learned", "prior")
+POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
+POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
 
 
 @dataclass
@@ -110,6 +124,12 @@ class GoodputOptions:
                   "traffic between the models, bookkeeping); none: the table alone (the same plans for a given table)",
                   "choices": CORRECTIONS},
     )
+    goodput_start: str = field(
+        default="learned",
+        metadata={"help": "goodput: the acceptance a new row starts from: learned: that of the drafts sent so far, "
+                  "pooled over rows and batches (--goodput-prior until enough are in); prior: --goodput-prior always "
+                  "(the same plans for every batch)", "choices": STARTS},
+    )
 
 
 @dataclass(frozen=True)
@@ -121,18 +141,20 @@ class GoodputState(RowState):
     hits: np.ndarray  # (B,) float
     misses: np.ndarray  # (B,) float
     plan: Tensor  # (B,) long: drafts to send next iteration
-    step: np.ndarray  # (B,) int64: iterations the row has run
+    step: int  # iterations the rows have run (the rows of a batch start together and leave only)
     wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it)
     planned: np.ndarray  # (B,) int64: ``plan`` on the host
     predicted: float = 0.0  # seconds the cost table gives the planned iteration
     clock: Optional[float] = None  # time.perf_counter() at the last observe (None: none yet this batch)
     planned_for: int = 0  # the rows active when the plan was made
     predicted_for: int = 0  # the rows active when ``predicted`` was
+    drafts: bool = True  # whether any row was planned above 0 (False: nothing is sent, nothing need be read)
 
     def select(self, rows: Tensor) -> "GoodputState":
         here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
-        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step[here], self.wait[here],
-                            self.planned[here], self.predicted, self.clock, self.planned_for, self.predicted_for)
+        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step, self.wait[here],
+                            self.planned[here], self.predicted, self.clock, self.planned_for, self.predicted_for,
+                            self.drafts)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -189,6 +211,22 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: flo
     return np.bincount(chosen, minlength=rows).astype(np.int64)
 
 
+def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0) -> int:
+    """``plan_lengths`` for a single row, in plain Python: the k with the most expected
+    tokens per second (the first of equals; 0 unless drafting gains)."""
+    verify, draft, overhead = cost_lines(costs, 1, k_max)
+    a = min(max(acceptance, 0.0), 0.999)
+    best_k, best_value = 0, 1.0 / (float(verify[0]) + overhead)
+    tokens, gain = 1.0, 1.0
+    for k in range(1, k_max + 1):
+        gain *= a
+        tokens += gain
+        value = tokens / (drafting * (float(draft[k - 1]) + float(verify[k]) + overhead))
+        if value > best_value:
+            best_k, best_value = k, value
+    return best_k
+
+
 def bucket(rows: int) -> int:
     """The timing corrections' row bucket of ``rows`` rows: floor(log2(rows)), at most
     ``ROW_BUCKETS`` - 1."""
@@ -203,7 +241,7 @@ class Goodput(Controller):
     needs_costs = True
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
-                 costs: Optional[Costs] = None, correction: str = "none"):
+                 costs: Optional[Costs] = None, correction: str = "none", start: str = "prior"):
         within("--spec-k-max", k_max, 1, limit)
         if not 0.0 < prior < 1.0:
             raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
@@ -213,21 +251,26 @@ class Goodput(Controller):
             raise UsageError(f"--goodput-probe-every: must be >= 1, got {probe_every}")
         if correction not in CORRECTIONS:
             raise UsageError(f"--goodput-correction: choose from {', '.join(CORRECTIONS)}, got {correction!r}")
+        if start not in STARTS:
+            raise UsageError(f"--goodput-start: choose from {', '.join(STARTS)}, got {start!r}")
         self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
         self.horizon = k_max
         self.costs = costs
-        self.correction = correction
+        self.correction, self.start_from = correction, start
+        self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
+        self.iteration_seconds: Dict[Tuple[int, int, int], float] = {}  # plan_seconds by (rows, longest, total)
+        self.one_row_plans: Dict[Tuple[int, torch.device], Tensor] = {}  # a row alone's plan tensor for each k
         # measured / predicted seconds of idle [:, 0] and drafting [:, 1] iterations of 1,
         # 2-3, 4-7, ... rows (log space: moving averages), kept across batches: they describe
         # the machine and the models
-        self.log_ratio = np.zeros((ROW_BUCKETS, 2))
-        self.timed = np.zeros((ROW_BUCKETS, 2), dtype=np.int64)  # iterations timed of each kind
-        self.single: Dict[Tuple[int, int], int] = {}  # a row alone: (rounded estimate, rounded correction) -> its k
+        # (plain lists: read and written every iteration, where numpy's calls would cost more)
+        self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
+        self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]  # iterations timed of each kind
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
         goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit,
-                      correction=cfg.goodput_correction)
+                      correction=cfg.goodput_correction, start=cfg.goodput_start)
         if cfg.spec_costs:
             goodput.use_costs(Costs.load(cfg.spec_costs))
         return goodput
@@ -239,51 +282,69 @@ class Goodput(Controller):
         if max(costs.widths) < self.k_max + 1:
             raise UsageError(f"the cost table measures verify passes of up to {max(costs.widths)} positions a row, "
                              f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
-        self.costs, self.single = costs, {}
-        self.log_ratio = np.zeros((ROW_BUCKETS, 2))  # corrections of another table mean nothing for this one
-        self.timed = np.zeros((ROW_BUCKETS, 2), dtype=np.int64)
+        self.costs, self.iteration_seconds = costs, {}
+        # corrections of another table mean nothing for this one
+        self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
+        self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]
 
     def drafting(self, rows: int) -> float:
         """How many times the table's seconds a drafting iteration of ``rows`` rows takes,
         relative to an idle one, as measured (1 without the timing correction)."""
-        if self.timed[bucket(rows)].min() < TIMING_MIN:  # one kind not yet timed enough
+        b = bucket(rows)
+        if min(self.timed[b]) < TIMING_MIN:  # one kind not yet timed enough
             return 1.0
-        ratio = self.log_ratio[bucket(rows)]
-        return float(np.exp(ratio[1] - ratio[0]))
+        return math.exp(self.log_ratio[b][1] - self.log_ratio[b][0])
 
-    def time(self, state: "GoodputState", now: float) -> None:
+    def time(self, state: "GoodputState", now: float) -> bool:
         """Fold the iteration that ended at ``now`` (planned in ``state``) into the timing
-        corrections."""
+        corrections. Whether it completed the idle timing of its row count (the plan is
+        then made again: the correction applies from now on)."""
         if self.correction != "timing" or state.clock is None or state.predicted <= 0.0:
-            return
+            return False
         ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
-        kind = int(state.planned.max(initial=0) > 0)  # whether a draft pass ran
-        row = self.log_ratio[bucket(len(state.planned))]
-        row[kind] += TIMING_WEIGHT * (math.log(ratio) - row[kind])
-        self.timed[bucket(len(state.planned)), kind] += 1
+        kind = int(state.drafts)  # whether a draft pass ran
+        b = bucket(len(state.planned))
+        self.log_ratio[b][kind] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio[b][kind])
+        self.timed[b][kind] += 1
+        return kind == 0 and self.timed[b][0] == TIMING_MIN
+
+    def timing_idle(self, rows: int) -> bool:
+        """Whether iterations of ``rows`` rows idle to be timed: drafting ones were timed
+        ``TIMING_MIN`` times, idle ones not yet (rows that always draft would otherwise
+        never give the correction anything to weigh drafting against; once per row count,
+        for the controller's life)."""
+        b = bucket(rows)
+        return self.correction == "timing" and self.timed[b][1] >= TIMING_MIN > self.timed[b][0]
 
     def plan(self, acceptance: np.ndarray) -> np.ndarray:
         """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
-        at its estimate rounded to 1/``SINGLE_ROW_STEPS`` (and its correction to 5% steps)
-        and the plan remembered: at batch 1 an iteration costs well under a millisecond,
-        and planning afresh would be a tenth of it."""
+        in plain Python (``plan_one``): at batch 1 an iteration costs about a millisecond,
+        and numpy's calls on one-element arrays would be a tenth of it."""
         if self.costs is None:
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
+        if self.timing_idle(len(acceptance)):
+            return np.zeros(len(acceptance), dtype=np.int64)
         drafting = self.drafting(len(acceptance))
         if len(acceptance) == 1:
-            key = (int(round(float(acceptance[0]) * SINGLE_ROW_STEPS)), int(round(math.log(drafting) * 20)))
-            if key not in self.single:
-                self.single[key] = int(plan_lengths(np.array([key[0] / SINGLE_ROW_STEPS]), self.costs, self.k_max,
-                                                    math.exp(key[1] / 20))[0])
-            return np.array([self.single[key]], dtype=np.int64)
+            return np.array([plan_one(float(acceptance[0]), self.costs, self.k_max, drafting)], dtype=np.int64)
         return plan_lengths(acceptance, self.costs, self.k_max, drafting)
 
+    def starting_acceptance(self) -> Tuple[float, float]:
+        """The acceptance new rows start from, and the drafts' worth of evidence it counts
+        for: the pooled one once enough drafts were seen (``--goodput-start learned``),
+        else ``--goodput-prior``."""
+        total = self.pool[0] + self.pool[1]
+        if self.start_from == "learned" and total >= POOL_MIN:
+            return self.pool[0] / total, LEARNED_WEIGHT
+        return self.prior, PRIOR_WEIGHT
+
     def start(self, rows: int, device: torch.device) -> GoodputState:
-        prior = np.full(rows, self.prior)
+        acceptance, weight = self.starting_acceptance()
+        prior = np.full(rows, acceptance)
         plan = self.plan(prior)
-        return GoodputState(PRIOR_WEIGHT * prior, PRIOR_WEIGHT * (1 - prior), torch.as_tensor(plan, device=device),
-                            np.zeros(rows, dtype=np.int64), np.full(rows, self.probe_every, dtype=np.int64), plan,
-                            plan_seconds(plan, self.costs, self.k_max), None, rows, rows)
+        return GoodputState(weight * prior, weight * (1 - prior), torch.as_tensor(plan, device=device),
+                            0, np.full(rows, self.probe_every, dtype=np.int64), plan,
+                            plan_seconds(plan, self.costs, self.k_max), None, rows, rows, bool(plan.any()))
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -292,34 +353,108 @@ class Goodput(Controller):
         return state.plan.clamp(max=draft.tokens.size(1))
 
     def observe(self, state: GoodputState, proposed: Tensor, accepted: Tensor) -> GoodputState:
-        """On the host (the counts live there; one read of this iteration's counts), in
-        numpy: a handful of operations on a few numbers each, where torch's would cost
-        more than the planning itself. The plan goes back to the device."""
-        sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each: the host read
+        """On the host (the counts live there): one read of this iteration's counts (on a
+        CPU, views of the tensors; none when the plan sent nothing), then numpy's few
+        operations on a few numbers each, or plain Python's for a row alone (at batch 1
+        an iteration costs about a millisecond, and numpy's calls on one-element arrays
+        would be a tenth of it). The plan goes back to the device when it changed."""
+        rows = proposed.numel()
+        if proposed.device.type != "cpu":  # the read also ends a GPU's iteration, for the clock
+            sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each: the host read
+        elif state.drafts:
+            sent, kept = proposed.numpy(), accepted.numpy()  # (B,) each: views, read here only
+        else:  # every row was planned at 0: nothing was sent, nothing is learnt
+            sent = kept = None
         now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
-        self.time(state, now)
-        drafted = sent > 0
-        step = state.step + 1  # (B,) the index of the row's next iteration
-        rows = len(sent)
-        # nothing learnt, and as many rows as it was made for to a power of two: the plan stands
-        if not drafted.any() and bucket(rows) == bucket(state.planned_for):
-            hits, misses, acceptance, plan = state.hits, state.misses, None, state.planned
-        else:
-            keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
-            hits = state.hits * keep + kept
-            misses = state.misses * keep + (drafted & (kept < sent))
+        timed = self.time(state, now)
+        if rows == 1:
+            return self.observe_one(state, 0 if sent is None else int(sent[0]), 0 if kept is None else int(kept[0]),
+                                    now, timed)
+        return self.observe_rows(state, sent, kept, now, timed)
+
+    def observe_rows(self, state: GoodputState, sent: Optional[np.ndarray], kept: Optional[np.ndarray],
+                     now: float, timed: bool = False) -> GoodputState:
+        """``observe`` for rows that sent ``sent`` (B,) drafts and kept ``kept`` (B,) of
+        them (None: nothing was sent) in the iteration that ended at ``now`` (``timed``:
+        which completed the idle timing of this row count)."""
+        rows = len(state.planned)
+        drafted = None if sent is None else sent > 0  # (B,)
+        learnt = drafted is not None and bool(drafted.any())
+        step = state.step + 1  # the index of the rows' next iteration
+        hits, misses, acceptance, plan = state.hits, state.misses, None, state.planned
+        # nothing learnt, as many rows as it was made for to a power of two, and no new
+        # correction: the plan stands
+        if learnt or bucket(rows) != bucket(state.planned_for) or timed:
+            if learnt:
+                keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
+                rejected = drafted & (kept < sent)
+                hits = hits * keep + kept
+                misses = misses * keep + rejected
+                self.learn(float(kept.sum()), float(rejected.sum()))
             acceptance = hits / (hits + misses)
             plan = self.plan(acceptance)  # (B,)
-        planned_for = state.planned_for if plan is state.planned else rows
-        wait = np.where(plan > 0, self.probe_every, state.wait)
-        probe = (plan == 0) & (step % state.wait == 0)  # (B,)
-        if probe.any():
-            acceptance = hits / (hits + misses) if acceptance is None else acceptance
-            plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
-            wait = np.where(probe, state.wait * 2, wait)
+        wait = state.wait
+        # probes: none is due where every row sits at 0 as before and the step is not a
+        # multiple of the probe period (each row waits a multiple of it): nothing to check
+        if plan is not state.planned or state.drafts or step % self.probe_every == 0:
+            probe = step % wait == 0  # (B,) rows whose probe is due, if they sit at 0
+            if plan is not state.planned or state.drafts:
+                drafting = plan > 0
+                wait = np.where(drafting, self.probe_every, wait)
+                probe &= ~drafting
+            if probe.any():
+                acceptance = hits / (hits + misses) if acceptance is None else acceptance
+                plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
+                wait = np.where(probe, wait * 2, wait)
         if plan is state.planned:  # the same plan, on the device already
-            predicted = (state.predicted if state.predicted_for == rows
-                         else plan_seconds(plan, self.costs, self.k_max))
-            return GoodputState(hits, misses, state.plan, step, wait, plan, predicted, now, planned_for, rows)
+            predicted = state.predicted if state.predicted_for == rows else self.seconds(plan)
+            return GoodputState(hits, misses, state.plan, step, wait, plan, predicted, now, state.planned_for, rows,
+                                state.drafts)
         return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), step, wait, plan,
-                            plan_seconds(plan, self.costs, self.k_max), now, planned_for, rows)
+                            self.seconds(plan), now, rows, rows, bool(plan.any()))
+
+    def observe_one(self, state: GoodputState, sent: int, kept: int, now: float, timed: bool = False) -> GoodputState:
+        """``observe_rows`` for a row alone, in plain Python (the same arithmetic and
+        plans: tested against it)."""
+        hits, misses = float(state.hits[0]), float(state.misses[0])
+        step, wait, planned = state.step + 1, int(state.wait[0]), int(state.planned[0])
+        plan, acceptance = planned, None
+        if sent > 0 or state.planned_for > 1 or timed:  # learnt, planned for more rows, or a new correction
+            if sent > 0:
+                rejected = float(kept < sent)
+                hits, misses = hits * self.memory + kept, misses * self.memory + rejected
+                self.learn(float(kept), rejected)
+            acceptance = hits / (hits + misses)
+            plan = 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1))
+        if plan > 0:
+            wait = self.probe_every
+        elif step % wait == 0:  # its probe is due
+            acceptance = hits / (hits + misses) if acceptance is None else acceptance
+            plan = 0 if self.timing_idle(1) else plan_one(max(acceptance, self.prior), self.costs, self.k_max,
+                                                          self.drafting(1))
+            wait *= 2
+        arrays = (np.array([hits]), np.array([misses]), step, np.array([wait]))
+        if plan == planned and state.planned_for == 1:  # the same plan, on the device already
+            predicted = state.predicted if state.predicted_for == 1 else self.seconds(state.planned)
+            return GoodputState(*arrays[:2], state.plan, *arrays[2:], state.planned, predicted, now, 1, 1, state.drafts)
+        tensor = self.one_row_plans.get((plan, state.plan.device))
+        if tensor is None:  # made once for each k and device (the loop never writes a plan)
+            tensor = self.one_row_plans[plan, state.plan.device] = torch.tensor([plan], device=state.plan.device)
+        planned = np.array([plan])
+        return GoodputState(*arrays[:2], tensor, *arrays[2:], planned, self.seconds(planned, plan, plan), now, 1, 1,
+                            plan > 0)
+
+    def learn(self, kept: float, rejected: float) -> None:
+        """Pool a drafting iteration's accepted drafts and rejections (over its rows)."""
+        self.pool = (self.pool[0] * POOL_MEMORY + kept, self.pool[1] * POOL_MEMORY + rejected)
+
+    def seconds(self, plan: np.ndarray, longest: Optional[int] = None, total: Optional[int] = None) -> float:
+        """``plan_seconds`` of ``plan``, remembered by its rows, longest and total drafts
+        (all it depends on; given where the caller knows them)."""
+        if longest is None:
+            longest, total = int(plan.max(initial=0)), int(plan.sum())
+        key = (len(plan), longest, total)
+        seconds = self.iteration_seconds.get(key)
+        if seconds is None:
+            seconds = self.iteration_seconds[key] = plan_seconds(plan, self.costs, self.k_max)
+        return seconds
