@@ -442,3 +442,28 @@ def test_fused_layers_refuse_what_they_cannot_run():
         fused.states(x, kv, torch.tensor([[2, 3]]), 4, torch.zeros(1, 1, 2, 3), ks, vs, None, False)
     with pytest.raises(RuntimeError, match="caches"):
         fused.states(x, [torch.zeros(1, 8, 4, 4)] * 2, torch.tensor([[2, 3]]), 4, None, ks, vs, None, True)
+
+
+@pytest.mark.parametrize("learned_pos", [False, True])
+def test_a_plain_input_embeds_as_fairseqs_modules(learned_pos):
+    """``DecodingDecoder.embed``'s tables read once give fairseq's input embedding bit for
+    bit, at every position up to the decoder's last; an input with a layer norm goes
+    through the modules."""
+    from cmasd.layers.prepared import DecodingDecoder
+    from cmasd.layers.transformer import embed
+
+    model, dictionary = tiny_transformer(normalize_before=False, learned_pos=learned_pos)
+    decoder = model.decoder
+    prepared = DecodingDecoder(decoder, "native")
+    last = decoder.padding_idx + decoder.max_positions()
+    positions = torch.arange(decoder.padding_idx + 1, last + 1).view(4, -1)  # (4, 16)
+    tokens = torch.randint(4, len(dictionary), positions.shape, generator=torch.Generator().manual_seed(2))
+    assert prepared.input_tables(tokens.device) is not None
+    assert torch.equal(prepared.embed(tokens, positions), embed(decoder, tokens, positions))
+    with torch.no_grad():  # fairseq's own forward: one row, positions from padding_idx + 1 on
+        ours = prepared.embed(tokens[:1], positions[:1])
+        x = decoder.embed_scale * decoder.embed_tokens(tokens[:1])
+        x += decoder.embed_positions(tokens[:1])
+    assert torch.equal(ours, x)
+    decoder.layernorm_embedding = torch.nn.LayerNorm(decoder.embed_tokens.embedding_dim)
+    assert DecodingDecoder(decoder, "native").input_tables(tokens.device) is None

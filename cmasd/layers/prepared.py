@@ -13,6 +13,7 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from cmasd.layers.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
@@ -90,10 +91,30 @@ class DecodingDecoder:
         float32 = next(decoder.parameters()).dtype == torch.float32
         self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
         self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
+        self.tables: Optional[Tuple[Tensor, Optional[Tensor]]] = None  # ``input_tables``, for ``tables_for``
+        self.tables_for: Optional[torch.device] = None
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C)."""
-        return embed(self.decoder, tokens, positions)
+        """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C).
+        A plain input (a token table, position embeddings learned or sinusoidal, nothing
+        projected or normalised) is three calls on tables read once: the loop embeds at
+        every step, and going through fairseq's modules cost several times the arithmetic
+        at batch 1 (the same values: the scaled token rows, then the position rows added)."""
+        tables = self.input_tables(tokens.device)
+        if tables is None:
+            return embed(self.decoder, tokens, positions)
+        token_table, position_table = tables
+        x = F.embedding(tokens, token_table) * self.decoder.embed_scale  # (B, T, C)
+        if position_table is not None:
+            x += F.embedding(positions, position_table)
+        return x
+
+    def input_tables(self, device: torch.device) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+        """The token and position tables of a plain input (``embed``), made on the first
+        call for ``device``; None where the input is not plain."""
+        if self.tables_for != device:
+            self.tables, self.tables_for = plain_input_tables(self.decoder), device
+        return self.tables
 
     def cross_keys(self, encoder_states: Tensor, visible: Tensor) -> Tuple[List[Tuple[Tensor, Tensor]], Optional[Tensor]]:
         """Every layer's encoder keys/values for encoder states (B, S, C) whose source
@@ -190,6 +211,25 @@ class DecodingDecoder:
         if self.project_out is not None:
             x = self.project_out(x)
         return self.output(x)
+
+
+def plain_input_tables(decoder) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    """A decoder's token table and its position table, rows indexed by fairseq's position
+    numbers up to its last (``padding_idx + max_positions()``), where its input is the
+    plain sum (``DecodingDecoder.embed``); None where it has an input projection, a layer
+    norm on the embedding, quantisation noise or a token module other than a table."""
+    if (getattr(decoder, "project_in_dim", None) is not None or getattr(decoder, "layernorm_embedding", None) is not None
+            or getattr(decoder, "quant_noise", None) is not None or type(decoder.embed_tokens) is not torch.nn.Embedding):
+        return None
+    tokens = decoder.embed_tokens.weight
+    module = decoder.embed_positions
+    if module is None:
+        return tokens, None
+    if hasattr(module, "weights"):  # sinusoidal: the table fairseq would make for the last position
+        last = decoder.padding_idx + decoder.max_positions()
+        table = module.get_embedding(last + 1, module.embedding_dim, module.padding_idx)
+        return tokens, table.to(tokens)
+    return (tokens, module.weight) if hasattr(module, "weight") else None  # learned: its table
 
 
 def fused_layers(layers: List[DecodingLayer]):
