@@ -467,3 +467,20 @@ def test_a_plain_input_embeds_as_fairseqs_modules(learned_pos):
     assert torch.equal(ours, x)
     decoder.layernorm_embedding = torch.nn.LayerNorm(decoder.embed_tokens.embedding_dim)
     assert DecodingDecoder(decoder, "native").input_tables(tokens.device) is None
+
+
+@pytest.mark.skipif(extension.load()[0] is None, reason="the C++ extension is unavailable here")
+@pytest.mark.parametrize("learned_pos", [False, True])
+def test_the_native_input_embeds_as_the_tables_do(learned_pos):
+    """With the C++ layers, ``BlockScorer.embed`` is one ``embed_rows`` call: bit for bit
+    the tables' sum at positions from each row's start, clamped at the decoder's last,
+    and a token outside the table is refused."""
+    model, dictionary = tiny_transformer(normalize_before=False, learned_pos=learned_pos)
+    scorer = BlockScorer(model.decoder, "gemv")
+    assert scorer.decoder.fused is not None
+    tokens = torch.randint(4, len(dictionary), (3, 5), generator=torch.Generator().manual_seed(4))
+    start = torch.tensor([0, 7, 62])  # the last row runs past the decoder's last position
+    index = (start[:, None] + torch.arange(5)[None, :] + scorer.padding_idx + 1).clamp(max=scorer.last_position)
+    assert torch.equal(scorer.embed(tokens, start), scorer.decoder.embed(tokens, index))
+    with pytest.raises(RuntimeError, match="outside the table"):
+        scorer.embed(torch.full((1, 1), len(dictionary) + 3), start[:1])

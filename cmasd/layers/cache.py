@@ -30,7 +30,7 @@ class VerifierCache:
     """Decoding state of the verifier for the rows of a batch."""
 
     kv: List[Tensor]  # per layer (B, 2H, capacity, d): keys, then values
-    cross: List[Tuple[Tensor, Tensor]]  # per layer encoder keys/values (B, H, S, d)
+    cross: List[Tuple[Tensor, Tensor]]  # per layer encoder keys/values (B, H, S, d); S = 0 without an encoder
     cross_bias: Optional[Tensor]  # (B, 1, 1, S) 0 / -inf for padded source tokens; None: no padding
 
     @property
@@ -96,10 +96,17 @@ class BlockScorer:
         self.padding_idx = decoder.padding_idx
         self.last_position = decoder.padding_idx + decoder.max_positions()
 
-    def start(self, encoder_out: dict, capacity: int) -> VerifierCache:
-        """Empty caches for a batch, from fairseq's encoder output dictionary."""
-        states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
+    def start(self, encoder_out: Optional[dict], capacity: int, rows: Optional[int] = None) -> VerifierCache:
+        """Empty caches for a batch, from fairseq's encoder output dictionary; for a decoder
+        without encoder attention (a language model's), ``encoder_out`` None and the batch's
+        ``rows``: its layers attend to no source (their encoder keys and values hold none)."""
         dec = self.decoder
+        if encoder_out is None:
+            like = next(dec.decoder.parameters())
+            cross = [(like.new_zeros(rows, dec.heads, 0, dec.head_dim),) * 2 for _ in dec.layers]  # (B, H, 0, d)
+            return VerifierCache([like.new_zeros(rows, 2 * dec.heads, capacity, dec.head_dim) for _ in dec.layers],
+                                 cross, None)
+        states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
         shape = (states.size(0), 2 * dec.heads, capacity, dec.head_dim)
         cross, cross_bias = dec.cross_keys(states, real)
         return VerifierCache([states.new_zeros(shape) for _ in dec.layers], cross, cross_bias)
@@ -147,8 +154,7 @@ class BlockScorer:
 
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
         """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""
-        index = start[:, None] + torch.arange(tokens.size(1), device=tokens.device)[None, :]  # (B, n)
-        return self.decoder.embed(tokens, (index + self.padding_idx + 1).clamp(max=self.last_position))
+        return self.decoder.embed_from(tokens, start, self.padding_idx + 1, self.last_position)
 
     def run(self, cache: VerifierCache, x: Tensor, start: Tensor, first: int = 0, last: Optional[int] = None,
             ragged: Optional[Ragged] = None, end: Optional[int] = None) -> Tensor:

@@ -1,6 +1,7 @@
 """The ``gemv`` and ``bf16`` kernels' C++ extension: ``csrc/decoding.cpp`` (``pack_panels``
 and ``panel_linear``, the linear layer for a few rows on weights packed once, in float32 or
-bfloat16, and ``FusedDecoder``, a decoder's layers in one call), compiled on first use.
+bfloat16; ``FusedDecoder``, a decoder's layers in one call; ``embed_rows``, a decoder's plain
+input), compiled on first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
@@ -20,7 +21,7 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
-NAME = "cmasd_decoding_v6"  # a new name when the source's interface changes
+NAME = "cmasd_decoding_v7"  # a new name when the source's interface changes
 
 
 def cpu_obstacle() -> Optional[str]:

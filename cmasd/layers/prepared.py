@@ -90,6 +90,7 @@ class DecodingDecoder:
         # GEMV_MAX_ROWS rows; the C++ layers are float32 only (a bf16 drafter under --fp16 is not)
         float32 = next(decoder.parameters()).dtype == torch.float32
         self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
+        self.native = None if self.fused is None else native_module()  # the C++ extension, where the layers use it
         self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
         self.tables: Optional[Tuple[Tensor, Optional[Tensor]]] = None  # ``input_tables``, for ``tables_for``
         self.tables_for: Optional[torch.device] = None
@@ -108,6 +109,18 @@ class DecodingDecoder:
         if position_table is not None:
             x += F.embedding(positions, position_table)
         return x
+
+    def embed_from(self, tokens: Tensor, start: Tensor, offset: int, last: int) -> Tensor:
+        """``embed`` of tokens (B, n) at fairseq positions ``start`` (B,) + ``offset`` onwards,
+        each at most ``last``: one C++ call (``embed_rows``) where the layers run in C++ and
+        the input is plain (the same values), else the positions' tensor, then ``embed``."""
+        if self.fused is not None and tokens.device.type == "cpu":  # the extension is loaded
+            tables = self.input_tables(tokens.device)
+            if tables is not None and tables[0].dtype == torch.float32:
+                return self.native.embed_rows(tokens, start, tables[0], tables[1], float(self.decoder.embed_scale),
+                                              offset, last)
+        index = start[:, None] + torch.arange(tokens.size(1), device=tokens.device)[None, :]  # (B, n)
+        return self.embed(tokens, (index + offset).clamp(max=last))
 
     def input_tables(self, device: torch.device) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
         """The token and position tables of a plain input (``embed``), made on the first
@@ -211,6 +224,13 @@ class DecodingDecoder:
         if self.project_out is not None:
             x = self.project_out(x)
         return self.output(x)
+
+
+def native_module():
+    """The C++ extension (loaded: ``fused_layers`` made something of it)."""
+    from cmasd.layers import extension
+
+    return extension.load()[0]
 
 
 def plain_input_tables(decoder) -> Optional[Tuple[Tensor, Optional[Tensor]]]:

@@ -476,6 +476,13 @@ def output_logits(decoder, x: Tensor) -> Tensor:
     return decoder.output_layer(x)  # (B, T, V)
 
 
+def has_encoder(model) -> bool:
+    """Whether the fairseq ``model`` has an encoder: False for a decoder-only model (a
+    ``FairseqLanguageModel`` such as ``transformer_lm``), by fairseq's own test
+    (``EnsembleModel.has_encoder`` in ``sequence_generator.py``)."""
+    return hasattr(model, "encoder")
+
+
 def encoder_states(encoder_out: dict) -> Tuple[Tensor, Tensor]:
     """fairseq encoder output -> states (B, S, C) and which source tokens are real (B, S)."""
     states = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
