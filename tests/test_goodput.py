@@ -113,6 +113,20 @@ def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are():
     assert kinds == {True, False} and one.pool == pytest.approx(rows.pool)
 
 
+def test_rows_left_at_zero_are_timed_as_idle():
+    """When the rows that drafted finish and those left are all planned at 0, the next
+    iteration sends nothing: it is read as idle (no host read, timed as an idle one)."""
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))
+    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=100, limit=None, costs=costs, correction="timing")
+    state = goodput.start(2, torch.device("cpu"))
+    state = replace(state, planned=np.array([3, 0]), plan=torch.tensor([3, 0]), drafts=True, clock=0.0,
+                    predicted=1.0)
+    left = state.select(torch.tensor([1]))
+    assert not left.drafts
+    goodput.observe(left, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    assert goodput.timed[0] == [1, 0]  # one idle iteration of one row
+
+
 def test_new_rows_start_from_the_acceptance_seen_so_far():
     """``--goodput-start learned``: after rows whose drafts were always accepted, a new
     batch starts drafting more than the prior would; after rows whose drafts always

@@ -152,9 +152,9 @@ class GoodputState(RowState):
 
     def select(self, rows: Tensor) -> "GoodputState":
         here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
-        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step, self.wait[here],
-                            self.planned[here], self.predicted, self.clock, self.planned_for, self.predicted_for,
-                            self.drafts)
+        planned = self.planned[here]
+        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step, self.wait[here], planned,
+                            self.predicted, self.clock, self.planned_for, self.predicted_for, bool(planned.any()))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -436,7 +436,7 @@ class Goodput(Controller):
         arrays = (np.array([hits]), np.array([misses]), step, np.array([wait]))
         if plan == planned and state.planned_for == 1:  # the same plan, on the device already
             predicted = state.predicted if state.predicted_for == 1 else self.seconds(state.planned)
-            return GoodputState(*arrays[:2], state.plan, *arrays[2:], state.planned, predicted, now, 1, 1, state.drafts)
+            return GoodputState(*arrays[:2], state.plan, *arrays[2:], state.planned, predicted, now, 1, 1, plan > 0)
         tensor = self.one_row_plans.get((plan, state.plan.device))
         if tensor is None:  # made once for each k and device (the loop never writes a plan)
             tensor = self.one_row_plans[plan, state.plan.device] = torch.tensor([plan], device=state.plan.device)
