@@ -17,10 +17,17 @@ the whole tokens buffer and it reads the last n - 1 entries, padding
 documented rule, which the speculative generator applies too; the ``translation_speculative``
 task uses it for fairseq's own generator, so that ``--beam 1`` and speculative decoding
 with ``--no-repeat-ngram-size`` agree.
+
+fairseq 0.12's ``TokenBlockDataset`` reads ``numpy.compat.long`` with one line a block
+(``--sample-break-mode eos``, and every language model's inference dataset, which
+``fairseq-interactive`` and ``LanguageModelingTask.inference_step`` decode), and numpy 2
+removed ``numpy.compat``: ``restore_numpy_compat_long`` gives it back that one name
+(numpy 1's: Python's ``int``); ``fairseq_plugins`` calls it.
 """
 
 import functools
 import logging
+import types
 
 import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
@@ -48,6 +55,19 @@ def disable_encoder_fast_path() -> bool:
     layer._cmasd_fast_path_off = True
     logger.info("fairseq's BetterTransformer encoder fast path is off (it fails on torch >= 1.13, fairseq#4858)")
     return True
+
+
+def restore_numpy_compat_long() -> bool:
+    """Give numpy >= 2 the ``numpy.compat.long`` fairseq 0.12 reads (numpy 1's: ``int``).
+    True when it added it, False where numpy has ``numpy.compat`` (numpy 1)."""
+    import numpy
+
+    try:
+        numpy.compat
+    except AttributeError:
+        numpy.compat = types.SimpleNamespace(long=int)
+        return True
+    return False
 
 
 def blocks_repeats(blocker) -> bool:

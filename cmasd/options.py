@@ -222,6 +222,11 @@ def load_drafter_model(path: str, task, like: Optional[torch.Tensor] = None):
     return model.eval()
 
 
+def class_names(classes) -> str:
+    """A drafter kind's ``model_class`` (a class or a tuple of them) in words."""
+    return " or ".join(c.__name__ for c in (classes if isinstance(classes, tuple) else (classes,)))
+
+
 def drafter_kind(model, requested: str, path: str) -> type:
     """The drafter class of ``--drafter-kind`` for ``model``, or the one its class implies."""
     if requested == AUTO:
@@ -230,12 +235,12 @@ def drafter_kind(model, requested: str, path: str) -> type:
                 return kind
         raise UsageError(
             f"--drafter-path {path}: holds a {type(model).__name__}, which no drafter kind drafts with "
-            f"({', '.join(f'{n}: {k.model_class.__name__}' for n, k in DRAFTER_KINDS.items())})"
+            f"({', '.join(f'{n}: {class_names(k.model_class)}' for n, k in DRAFTER_KINDS.items())})"
         )
     kind = DRAFTER_KINDS[requested]
     if not isinstance(model, kind.model_class):
         raise UsageError(
-            f"--drafter-kind {requested}: {path} holds a {type(model).__name__}, not a {kind.model_class.__name__}"
+            f"--drafter-kind {requested}: {path} holds a {type(model).__name__}, not a {class_names(kind.model_class)}"
         )
     return kind
 

@@ -51,7 +51,7 @@ it meet the verifier without the loop knowing what it keeps:
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -61,11 +61,17 @@ from cmasd.core.sampling import DRAFT, RowRandom, Sampling
 
 @dataclass(frozen=True)
 class Source:
-    """What a drafter may read of a batch's source side."""
+    """What a drafter may read of a batch's source side.
 
-    tokens: Tensor  # (B, S) source tokens as fairseq batches them (padded; eos last)
-    lengths: Tensor  # (B,) source tokens per row, eos included
-    encoder_out: Dict  # the verifier's encoder output for them (fairseq's dictionary)
+    A decoder-only verifier (a language model) has no encoder and no source sentence: its
+    rows start from prompts, the prefix fairseq forces (``prefix_tokens``), and the source
+    is those prompts: ``tokens`` (B, P) the prompt tokens (no BOS, no eos, pad after),
+    ``lengths`` the prompt tokens per row, ``encoder_out`` None. The loop starts each row
+    from BOS and its prompt (``tokens`` of ``draft`` hold both)."""
+
+    tokens: Tensor  # (B, S) source tokens as fairseq batches them (padded; eos last), or (B, P) prompts
+    lengths: Tensor  # (B,) source tokens per row, eos included; or prompt tokens per row
+    encoder_out: Optional[Dict]  # the verifier's encoder output for them (fairseq's dictionary); None: no encoder
 
 
 @dataclass(frozen=True)
@@ -187,7 +193,8 @@ class ModelDrafter(Drafter):
     """A drafter that drafts with a trained fairseq model (``--drafter-path``), registered
     by name in ``cmasd.drafters.registry.DRAFTER_KINDS`` (``--drafter-kind``)."""
 
-    model_class: type  # the fairseq model class it drafts with; ``--drafter-kind auto`` matches on it
+    # the fairseq model class it drafts with, or a tuple of them; ``--drafter-kind auto`` matches on it
+    model_class: Union[type, Tuple[type, ...]]
     options: Tuple[type, ...] = ()  # the dataclasses of the options ``from_model`` reads (``cmasd.options``)
     # cmasd-bench: the name its configurations draft with (``drafter=...``), the option that
     # gives its checkpoint (``--...-path``) and that option's help; None: a kind the bench

@@ -18,6 +18,13 @@ fairseq's sampling (top-k / top-p truncation too), the drafter draws from its ow
 the same options, and an acceptance rule that samples (``rejection``) keeps the output
 distributed as fairseq's sampling from the verifier. Every draw of a row uses uniforms
 seeded by ``seed`` and the row's sentence id (``cmasd.verification.sampling.RowRandom``).
+
+A decoder-only verifier (a fairseq language model: no encoder) runs through the same loop:
+its rows start from BOS and their prompts, the prefix fairseq forces (``prefix_tokens``,
+as ``LanguageModelingTask.inference_step`` passes them), which one verifier pass puts in
+the cache and scores (``prefill``); the drafters read the prompts as the batch's
+``Source`` (``cmasd.core.drafting``). As fairseq's, a hypothesis holds the prompt and its
+continuation.
 """
 
 import logging
@@ -31,8 +38,10 @@ from torch import Tensor
 
 from cmasd.core.drafting import Drafter, DrafterState, DraftRequest, LowerLayers, Source, VerifierView, empty_draft
 from cmasd.core.verifying import AcceptanceRule, Controller, Proposal, RowState
+from cmasd.errors import UsageError
 from cmasd.layers.prepared import encoder_of
 from cmasd.layers.cache import BlockScorer, VerifierCache
+from cmasd.layers.transformer import has_encoder
 from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.sentences import joined, sentences
 from cmasd.decoding.stats import DecodeStats
@@ -47,7 +56,7 @@ class DecodeState:
 
     rows: Tensor  # (B,) index of each active row in the original batch
     ids: Tensor  # (B,) sentence id of each active row (seeds its randomness)
-    tokens: Tensor  # (B, capacity) accepted tokens, BOS (eos) first, pad after
+    tokens: Tensor  # (B, capacity) accepted tokens, BOS (eos) first (then the row's prompt), pad after
     scores: Tensor  # (B, capacity) verifier log-probability of each accepted token
     lengths: Tensor  # (B,) accepted tokens per row, BOS included
     steps: Tensor  # (B,) iterations per row
@@ -56,6 +65,9 @@ class DecodeState:
     controller: RowState  # the controller's per-row state (``select``)
     shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``retire`` (or ``bounded``)
     longest: int = 1
+    # the width of the batch's prompts (fairseq's forced prefix): its minimum length rule
+    # applies from this step on, as fairseq's applies only after the prefix it forces
+    prompt_width: int = 0
 
     def select(self, keep: Tensor) -> "DecodeState":
         return replace(
@@ -163,7 +175,7 @@ class SpeculativeGenerator:
         self.kernels = kernels
         self.scorer = BlockScorer(model.decoder, kernels)
         self.ragged = ragged  # a batch's verify pass scores only the positions its rows send
-        self.encode = encoder_of(model.encoder, kernels)
+        self.encode = encoder_of(model.encoder, kernels) if has_encoder(model) else None  # None: a language model
         self.controller = controller
         self.acceptance = acceptance
         self.rules = rules
@@ -180,32 +192,44 @@ class SpeculativeGenerator:
         self.observer: Optional[Callable[[StepRecord], None]] = None
 
     @torch.no_grad()
-    def generate(self, models, sample: Dict[str, Any], **kwargs) -> List[List[Dict[str, Tensor]]]:
-        """fairseq's generator interface: one list of one hypothesis per sentence."""
-        decoded = self.decode(sample)
+    def generate(self, models, sample: Dict[str, Any], prefix_tokens: Optional[Tensor] = None,
+                 bos_token: Optional[int] = None, **kwargs) -> List[List[Dict[str, Tensor]]]:
+        """fairseq's generator interface: one list of one hypothesis per sentence, each
+        beginning with its row of ``prefix_tokens`` (B, P) where given (pad after)."""
+        decoded = self.decode(sample, prefix_tokens, bos_token)
         self.stats.add(decoded.stats)
         return decoded.hypotheses
 
     @torch.no_grad()
-    def decode(self, sample: Dict[str, Any]) -> Decoded:
-        """Decode one batch: its hypotheses and this call's statistics."""
-        if self.per_sentence and sample["net_input"]["src_tokens"].size(0) > 1:
-            parts = [self.decode(one) for one in sentences(sample, self.pad)]
+    def decode(self, sample: Dict[str, Any], prefix_tokens: Optional[Tensor] = None,
+               bos_token: Optional[int] = None) -> Decoded:
+        """Decode one batch: its hypotheses and this call's statistics. Each row starts from
+        ``bos_token`` (None: eos) and its row of ``prefix_tokens`` (B, P), pad after (None:
+        none; a language model needs them: its prompts)."""
+        bsz = sample["net_input"]["src_tokens"].size(0)
+        if self.per_sentence and bsz > 1:
+            prompts = [None] * bsz if prefix_tokens is None else [row[row.ne(self.pad)][None] for row in prefix_tokens]
+            parts = [self.decode(one, prompt, bos_token) for one, prompt in zip(sentences(sample, self.pad), prompts)]
             return Decoded(*joined([part.hypotheses for part in parts], [part.stats for part in parts]))
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
-        bsz, src_len = src_tokens.shape[:2]
+        src_len = src_tokens.size(1)
         max_len = self.rules.max_len(src_len)
         capacity = max_len + self.horizon + 2
         # the caches start with room for a target a block longer than the source and grow
         expected = min(src_len + 2 * (self.horizon + 1), capacity)
 
-        self.warn_empty_sources(sample)
         stats = DecodeStats(sentences=bsz)
-        encoder_out = self.encode(net_input)
-        source = Source(src_tokens, net_input["src_lengths"], encoder_out)
-        ids = sample["id"] if "id" in sample else torch.arange(bsz)
-        state = self.start(source, ids.to(src_tokens.device), capacity, expected)
+        ids = (sample["id"] if "id" in sample else torch.arange(bsz)).to(src_tokens.device)
+        # fairseq forces at most max_len prefix tokens, then eos
+        prompts = None if prefix_tokens is None else prefix_tokens[:, :max_len]  # (B, P)
+        if self.encode is None:
+            check_prompts(prefix_tokens, ids, self.pad, self.rules.max_positions)
+            source = Source(prompts, prompts.ne(self.pad).sum(dim=1), None)
+        else:
+            self.warn_empty_sources(sample)
+            source = Source(src_tokens, net_input["src_lengths"], self.encode(net_input))
+        state = self.start(source, ids, capacity, expected, prompts, self.eos if bos_token is None else bos_token)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         while state.rows.numel() > 0:
             state, done = self.step(state, max_len, stats)
@@ -247,23 +271,48 @@ class SpeculativeGenerator:
                 ", ".join(map(str, ids)),
             )
 
-    def start(self, source: Source, ids: Tensor, capacity: int, cache_capacity: int) -> DecodeState:
-        """Rows of sentences ``ids`` (B,), of at most ``capacity`` tokens; caches for
-        ``cache_capacity`` positions."""
-        bsz, device = source.tokens.size(0), source.tokens.device
+    def start(self, source: Source, ids: Tensor, capacity: int, cache_capacity: int, prompts: Optional[Tensor],
+              bos: int) -> DecodeState:
+        """Rows of sentences ``ids`` (B,), of at most ``capacity`` tokens, each ``bos`` and its
+        row of ``prompts`` (B, P), pad after (None: ``bos`` alone); caches for
+        ``cache_capacity`` positions, holding the prompts (``prefill``)."""
+        bsz, device = ids.size(0), ids.device
         tokens = torch.full((bsz, capacity), self.pad, dtype=torch.long, device=device)
-        tokens[:, 0] = self.eos
-        return DecodeState(
+        tokens[:, 0] = bos
+        lengths = torch.ones(bsz, dtype=torch.long, device=device)
+        if prompts is not None:
+            tokens[:, 1 : 1 + prompts.size(1)] = prompts
+            lengths = lengths + prompts.ne(self.pad).sum(dim=1)  # (B,)
+        state = DecodeState(
             rows=torch.arange(bsz, device=device),
             ids=ids,
             tokens=tokens,
             scores=torch.zeros(bsz, capacity, device=device),
-            lengths=torch.ones(bsz, dtype=torch.long, device=device),
+            lengths=lengths,
             steps=torch.zeros(bsz, dtype=torch.long, device=device),
-            verifier=self.scorer.start(source.encoder_out, cache_capacity),
+            verifier=self.scorer.start(source.encoder_out, cache_capacity, bsz),
             drafter=self.drafter.start(source, cache_capacity),
             controller=self.controller.start(bsz, device),
+            prompt_width=0 if prompts is None else prompts.size(1),
         )
+        return state if prompts is None else self.prefill(state.bounded())
+
+    def prefill(self, state: DecodeState) -> DecodeState:
+        """The prompts in the verifier's cache, and their scores: one pass over each row's
+        tokens but its last (BOS and its prompt), which fairseq forces and scores one step
+        at a time (``SequenceGenerator._prefix_tokens``), the log-probability of each forced
+        token as the loop scores any (``log_probs``)."""
+        width = state.longest - 1  # positions 0 .. width - 1 predict the prompt tokens 1 .. width
+        if width == 0:
+            return state
+        start = torch.zeros_like(state.lengths)  # (B,)
+        logits = self.scorer.score(state.verifier, state.tokens[:, :width], start, end=width)  # (B, P, V)
+        forced = state.tokens[:, 1 : width + 1]  # (B, P) the prompt tokens, pad after
+        scores = self.log_probs(logits).gather(-1, forced[..., None]).squeeze(-1)  # (B, P)
+        prompt = torch.arange(width, device=forced.device)[None, :] < (state.lengths - 1)[:, None]  # (B, P)
+        scores = torch.cat([state.scores[:, :1], torch.where(prompt, scores, 0.0), state.scores[:, width + 1 :]],
+                           dim=1)  # (B, capacity)
+        return replace(state, scores=scores)
 
     def reserve(self, state: DecodeState) -> DecodeState:
         """Room in both caches for one more iteration of the longest row: its prefix
@@ -344,17 +393,10 @@ class SpeculativeGenerator:
         states, ragged = self.scorer.ragged_states(state.verifier, block, state.lengths - 1, sent, lower,
                                                    end=state.longest + width)
         logits = self.scorer.decoder.logits(states)  # (B, width + 1, V), or (N, V) for the positions sent
-        if self.rules.temperature != 1.0:
-            logits = logits.float() / self.rules.temperature
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (B, width + 1, V) or (N, V)
-
         # fairseq's rules, each applied only where the host-side bounds of the lengths
         # say it can change something (the others would be no-ops); those of one position
         # before unpacking a ragged block (on the positions sent only)
-        lprobs = torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        lprobs[..., self.pad] = -math.inf
-        if self.rules.unk_penalty:
-            lprobs[..., self.unk] -= self.rules.unk_penalty
+        lprobs = self.log_probs(logits)  # (B, width + 1, V) or (N, V)
         if ragged is not None:  # the positions not sent score 0 everywhere (never read)
             states, lprobs = ragged.unpack(states), ragged.unpack(lprobs)  # (B, width + 1, C), (B, width + 1, V)
         # fairseq's step index of the token each position predicts: lengths - 1 + offset
@@ -364,12 +406,27 @@ class SpeculativeGenerator:
             eos_scores = lprobs[:, :, self.eos].clone()
             lprobs = lprobs.masked_fill(forced_eos[..., None], -math.inf)
             lprobs[:, :, self.eos] = torch.where(forced_eos, eos_scores, lprobs[:, :, self.eos])
-            lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(step < self.rules.min_len, -math.inf)
+            # fairseq's minimum length does not apply while it forces the batch's prompts
+            short = (step < self.rules.min_len) & (step >= state.prompt_width)  # (B, width + 1)
+            lprobs[:, :, self.eos] = lprobs[:, :, self.eos].masked_fill(short, -math.inf)
         if self.rules.no_repeat_ngram_size:
             lprobs = ban_repeated_ngrams(lprobs, state.tokens, state.lengths, drafts, self.rules.no_repeat_ngram_size)
         if self.sampling is not None:
             lprobs = self.sampling.truncate(lprobs)
         return lprobs, states
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """fairseq's log-probabilities of the verifier's ``logits`` (..., V) before its
+        length rules: divided by the temperature, normalised (NaN read as -inf), pad
+        never chosen, the unknown-word penalty applied. (..., V) float."""
+        if self.rules.temperature != 1.0:
+            logits = logits.float() / self.rules.temperature
+        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
+        lprobs = torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+        lprobs[..., self.pad] = -math.inf
+        if self.rules.unk_penalty:
+            lprobs[..., self.unk] -= self.rules.unk_penalty
+        return lprobs
 
     def append(self, state: DecodeState, proposal: Proposal, lprobs: Tensor, accepted: Tensor, next_token: Tensor):
         """Append accepted drafts and the verifier's token; a row ends at its first eos."""
@@ -413,3 +470,21 @@ class SpeculativeGenerator:
             "positional_scores": positional.clone(),
             "steps": steps,
         }
+
+
+def check_prompts(prompts: Optional[Tensor], ids: Tensor, pad: int, max_positions: int) -> None:
+    """Refuse, naming the inputs (sentence ``ids`` (B,)), a language model's batch whose
+    ``prompts`` (B, P) (pad after) are missing, or where a prompt is empty or longer than
+    the ``max_positions`` positions of the models hold after the start token."""
+    if prompts is None:
+        raise UsageError("a language model continues prompts, and none was given (fairseq's prefix_tokens)")
+    lengths = prompts.ne(pad).sum(dim=1).tolist()  # (B,) on the host
+    empty = [str(i) for i, n in zip(ids.tolist(), lengths) if n == 0]
+    if empty:
+        raise UsageError(f"input(s) {', '.join(empty)}: empty prompt; a language model continues a prompt of at least "
+                         "one token")
+    room = max_positions - 1  # the start token takes a position
+    long = [f"{i} ({n} tokens)" for i, n in zip(ids.tolist(), lengths) if n > room]
+    if long:
+        raise UsageError(f"input(s) {', '.join(long)}: prompt longer than the {room} tokens the model's "
+                         f"{max_positions} positions hold after the start token; shorten it")

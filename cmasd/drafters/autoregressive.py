@@ -14,7 +14,8 @@ next time.
 
 Encoder. When the draft model's encoder has the verifier's weights (a frozen copy, as
 ``ar_drafter`` trains it) decoding reuses the verifier's encoder output; otherwise the
-draft model runs its own encoder once per batch.
+draft model runs its own encoder once per batch. A language model (``transformer_lm``, no
+encoder) drafts for a language model: its first draft feeds each row's BOS and prompt.
 
 Shortlist. With ``--spec-draft-shortlist N`` each step's output projection computes the N
 most frequent pieces only, most of a step's cost at batch 1 (``cmasd.drafters.shortlist``):
@@ -26,10 +27,12 @@ from typing import Optional, Tuple
 
 import torch
 from fairseq.models.transformer import TransformerModelBase
+from fairseq.models.transformer_lm import TransformerLanguageModel
 from torch import Tensor
 
 from cmasd.layers.prepared import encoder_of
 from cmasd.layers.cache import BlockScorer, VerifierCache
+from cmasd.layers.transformer import has_encoder
 from cmasd.drafters.base import (
     Draft,
     DraftRequest,
@@ -92,7 +95,7 @@ class AutoregressiveDrafter(ModelDrafter):
     """A fairseq Transformer drafting one token at a time with its own cache."""
 
     name = "autoregressive"
-    model_class = TransformerModelBase
+    model_class = (TransformerModelBase, TransformerLanguageModel)
     options = (ModelDrafterOptions,)
     bench_role = "ar"
     checkpoint_option = "--ar-drafter-path"
@@ -107,9 +110,9 @@ class AutoregressiveDrafter(ModelDrafter):
         if shortlist is not None:  # the scorer's logits are then (..., N) over the shortlist
             self.shortlist = shortlist.to(model.decoder.output_projection.weight.device)
             narrow(self.scorer.decoder, shortlist)
-        self.shares_encoder = shares_encoder
         self.padding_idx = model.decoder.padding_idx
-        self.encode = None if shares_encoder else encoder_of(model.encoder, kernels)
+        # None: the source's encoder output is the model's own (shared, or none: a language model)
+        self.encode = None if shares_encoder or not has_encoder(model) else encoder_of(model.encoder, kernels)
 
     @staticmethod
     def horizon_limit(model) -> Optional[int]:
@@ -120,8 +123,13 @@ class AutoregressiveDrafter(ModelDrafter):
     def from_model(cls, model, verifier, cfg, kernels: str, horizon: int) -> "AutoregressiveDrafter":
         if cfg.spec_draft_block is not None:
             raise UsageError("--spec-draft-block: applies to the Spec-Drafter only (--drafter-kind spec)")
+        if has_encoder(model) != has_encoder(verifier):
+            raise UsageError(f"--drafter-path {cfg.drafter_path}: "
+                             + ("a language model (no encoder) cannot read an encoder-decoder verifier's source"
+                                if has_encoder(verifier) else
+                                "an encoder-decoder model cannot draft for a language model (no source to encode)"))
         return cls(model, cfg.spec_drafter_quantize if cfg.spec_drafter_quantize in ("int8", "bf16") else kernels,
-                   same_encoder(model, verifier), shortlist_of(verifier.decoder.dictionary, cfg))
+                   has_encoder(model) and same_encoder(model, verifier), shortlist_of(verifier.decoder.dictionary, cfg))
 
     @torch.no_grad()
     def start(self, source: Source, capacity: int) -> ARDrafterState:
@@ -136,9 +144,9 @@ class AutoregressiveDrafter(ModelDrafter):
         dropped (every row feeds its whole prefix next)."""
         source, rows, capacity = state.pending.source, state.pending.rows, state.pending.capacity
         encoder_out = source.encoder_out
-        if not self.shares_encoder:
+        if self.encode is not None:
             encoder_out = self.encode({"src_tokens": source.tokens, "src_lengths": source.lengths})
-        cache = self.scorer.start(encoder_out, capacity)
+        cache = self.scorer.start(encoder_out, capacity, source.tokens.size(0))
         if rows.numel() < source.tokens.size(0):  # rows only ever leave, in order: fewer means some left
             cache = cache.select(rows)
         return ARDrafterState(cache, state.cached)

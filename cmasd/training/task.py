@@ -153,16 +153,42 @@ class TranslationSpeculativeConfig(TranslationConfig, SpeculativeDecodingConfig)
     seed: int = II("common.seed")
 
 
-class TranslationSpeculativeTask(TranslationTask):
+class SpeculativeGeneration:
+    """A fairseq task's ``build_generator`` for a config that mixes in
+    ``SpeculativeDecodingConfig``: the speculative generator when a drafter is named, else
+    fairseq's own. The task sets ``drafters``, ``{}``, in its ``__init__``."""
+
+    log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
+    drafters: dict  # (path, device, dtype) -> the drafter model loaded from it
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        """The speculative generator when a drafter is named (verifier = ``models[0]``,
+        checked against ``args``, fairseq's generation options), else fairseq's own, as
+        ``tasks/translation_lev.py`` plugs in its generator."""
+        if not is_speculative(self.cfg):
+            return fix_ngram_blocker(super().build_generator(
+                models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
+            ))
+        drafter = None
+        if self.cfg.drafter_path:
+            like = next(models[0].parameters())
+            key = (self.cfg.drafter_path, like.device, like.dtype)
+            if key not in self.drafters:  # a hub interface builds a generator per call
+                self.drafters[key] = load_drafter_model(self.cfg.drafter_path, self, like=like)
+            drafter = self.drafters[key]
+        return build_speculative_generator(models, drafter, self, args, self.cfg, log_stats=self.log_stats,
+                                           seed=self.cfg.seed)
+
+
+class TranslationSpeculativeTask(SpeculativeGeneration, TranslationTask):
     """Translation with Spec-Drafter training data and speculative generation."""
 
     cfg: TranslationSpeculativeConfig
-    log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
         self.complete_datasets = {}  # split dataset -> its CompleteBatches (fairseq caches iterators by dataset)
-        self.drafters = {}  # (path, device, dtype) -> the drafter model loaded from it
+        self.drafters = {}
         if cfg.drafter_bf16_autocast:
             bound_onednn_cache()
 
@@ -255,21 +281,3 @@ class TranslationSpeculativeTask(TranslationTask):
             if path and "://" not in str(path) and not os.path.isfile(path):
                 raise MissingFileError(f"{option}: file not found: {path}")
         return super().build_bpe(args)
-
-    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        """The speculative generator when a drafter is named (verifier = ``models[0]``,
-        checked against ``args``, fairseq's generation options), else fairseq's own, as
-        ``tasks/translation_lev.py`` plugs in its generator."""
-        if not is_speculative(self.cfg):
-            return fix_ngram_blocker(super().build_generator(
-                models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
-            ))
-        drafter = None
-        if self.cfg.drafter_path:
-            like = next(models[0].parameters())
-            key = (self.cfg.drafter_path, like.device, like.dtype)
-            if key not in self.drafters:  # a hub interface builds a generator per call
-                self.drafters[key] = load_drafter_model(self.cfg.drafter_path, self, like=like)
-            drafter = self.drafters[key]
-        return build_speculative_generator(models, drafter, self, args, self.cfg, log_stats=self.log_stats,
-                                           seed=self.cfg.seed)

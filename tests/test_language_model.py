@@ -1,0 +1,223 @@
+"""Speculative decoding for a fairseq language model (``transformer_lm``) under the
+``language_modeling_speculative`` task: prompts in, continuations out.
+
+A tiny verifier LM and a tinier draft LM, trained for a few seconds through
+``fairseq-train --task language_modeling`` on Multi30k's English sentences (the data
+mirror); prompts are the first words of its test sentences, of different lengths in a
+batch. Greedy speculative continuations equal fairseq's own (``SequenceGenerator``, beam 1,
+through the same task's ``inference_step``) token for token, the prompt included, at batch
+1, 7 and 16, for the draft model and for the history lookup (prompt lookup decoding); bad
+prompts are refused in one line.
+"""
+
+import gzip
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import BIN, PLUGINS, mirror_dir, mirror_missing, run
+
+TRAIN_LINES = 6000
+PROMPTS = 32
+TOKENS_PER_SAMPLE = 48  # the models' positions
+
+TINY_LM = ["--arch", "transformer_lm", "--share-decoder-input-output-embed", "--decoder-layers", "2",
+           "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "2"]
+TINIER_LM = ["--arch", "transformer_lm", "--share-decoder-input-output-embed", "--decoder-layers", "1",
+             "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2"]
+
+
+def english(name, count):
+    with gzip.open(mirror_dir() / "multi30k" / f"{name}.en.gz", "rt", encoding="utf-8") as f:
+        return [line.strip() for _, line in zip(range(count), f)]
+
+
+@pytest.fixture(scope="module")
+def lm_data(artifacts):
+    """data-bin of Multi30k's first English training sentences (and 500 validation ones),
+    in a 400-piece sentencepiece vocabulary, binarized with ``fairseq-preprocess --only-source``."""
+    if not (mirror_dir() / "multi30k" / "train.en.gz").is_file():
+        mirror_missing(f"no Multi30k mirror at {mirror_dir()} (set CMASD_DATA_MIRROR)")
+
+    def build(dest):
+        import sentencepiece as spm
+
+        lines = {"train": english("train", TRAIN_LINES), "valid": english("val", 500)}
+        (dest / "raw.txt").write_text("\n".join(lines["train"]) + "\n")
+        spm.SentencePieceTrainer.train(input=str(dest / "raw.txt"), model_prefix=str(dest / "spm"), vocab_size=400,
+                                       character_coverage=1.0, num_threads=1, minloglevel=2)
+        sp = spm.SentencePieceProcessor(model_file=str(dest / "spm.model"))
+        for split, text in lines.items():
+            (dest / f"{split}.txt").write_text("".join(" ".join(sp.encode(line, out_type=str)) + "\n" for line in text))
+        run([BIN / "fairseq-preprocess", "--only-source", "--trainpref", dest / "train.txt",
+             "--validpref", dest / "valid.txt", "--destdir", dest / "bin", "--workers", "1"])
+
+    return artifacts.get("lm-data", build)
+
+
+def train_lm(data, save, arch, updates):
+    run([BIN / "fairseq-train", data / "bin", "--user-dir", PLUGINS, "--task", "language_modeling", *arch,
+         "--tokens-per-sample", str(TOKENS_PER_SAMPLE), "--sample-break-mode", "eos",
+         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt",
+         "--warmup-updates", "20", "--dropout", "0.0", "--max-tokens", "2048", "--max-update", str(updates),
+         "--seed", "1", "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar", "--cpu",
+         "--num-workers", "0", "--disable-validation"])
+
+
+@pytest.fixture(scope="module")
+def lm(lm_data, artifacts):
+    """The verifier: a 2-layer, 64-dimension ``transformer_lm``."""
+    return artifacts.get("lm", lambda save: train_lm(lm_data, save, TINY_LM, 150)) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def draft_lm(lm_data, artifacts):
+    """The draft model: a 1-layer, 32-dimension ``transformer_lm`` with the same dictionary."""
+    return artifacts.get("draft-lm", lambda save: train_lm(lm_data, save, TINIER_LM, 60)) / "checkpoint_last.pt"
+
+
+def lm_task(data, verifier, *options):
+    """The ``language_modeling_speculative`` task of fairseq-generate's ``options``, its
+    verifier and its generator (fairseq's own without a drafter)."""
+    from fairseq import checkpoint_utils, options as fairseq_options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = fairseq_options.get_generation_parser()
+    argv = [str(data / "bin"), "--user-dir", PLUGINS, "--task", "language_modeling_speculative", "--path", str(verifier),
+            "--cpu", "--beam", "1", "--tokens-per-sample", str(TOKENS_PER_SAMPLE), *map(str, options)]
+    cfg = convert_namespace_to_omegaconf(fairseq_options.parse_args_and_arch(parser, argv))
+    task = tasks.setup_task(cfg.task)
+    task.log_stats = False  # no statistics at the test run's exit
+    models, _ = checkpoint_utils.load_model_ensemble([str(verifier)], task=task)
+    models = [model.eval() for model in models]
+    return task, models, task.build_generator(models, cfg.generation)
+
+
+def prompts(data, dictionary, count=PROMPTS):
+    """The first 1 .. 8 words of Multi30k's first English test sentences, as fairseq-interactive
+    encodes input lines (eos appended; the task's inference dataset strips it)."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    lines = english("test_2016_flickr", count)
+    words = [" ".join(line.split()[: 1 + i % 8]) for i, line in enumerate(lines)]
+    return [dictionary.encode_line(" ".join(sp.encode(w, out_type=str)), add_if_not_exist=False).long()
+            for w in words]
+
+
+def continuations(task, models, generator, tokens, bsz):
+    """Each prompt's hypothesis (tokens, positional scores), decoded ``bsz`` prompts a batch
+    through the task's ``inference_step``, as fairseq-interactive batches its input lines."""
+    dataset = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
+    found = []
+    for first in range(0, len(tokens), bsz):
+        sample = dataset.collater([dataset[i] for i in range(first, min(first + bsz, len(tokens)))])
+        with torch.no_grad():
+            hypos = task.inference_step(generator, models, sample)
+        found += [(h[0]["tokens"], h[0]["positional_scores"]) for h in hypos]
+    return found
+
+
+def assert_same_continuations(got, expected):
+    different = [i for i, (g, e) in enumerate(zip(got, expected)) if not torch.equal(g[0], e[0])]
+    assert len(got) == len(expected) and not different, f"{len(different)} continuations differ, e.g. {different[:5]}"
+    for (_, g), (_, e) in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def fairseq_greedy(lm_data, lm):
+    """fairseq's own greedy continuations of the prompts (SequenceGenerator, beam 1), per batch size."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    task, models, generator = lm_task(lm_data, lm)
+    assert isinstance(generator, SequenceGenerator)
+    tokens = prompts(lm_data, task.source_dictionary)
+    return {bsz: continuations(task, models, generator, tokens, bsz) for bsz in (1, 7, 16)}
+
+
+DRAFTERS = {
+    "draft model": lambda draft_lm: ["--drafter-path", draft_lm, "--spec-k", "4"],
+    "history lookup": lambda draft_lm: ["--spec-history-ngram", "2", "--spec-k", "4"],
+}
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("bsz", [1, 7, 16])
+def test_greedy_continuations_equal_fairseqs(lm_data, lm, draft_lm, fairseq_greedy, drafter, bsz):
+    """Exact acceptance and the fixed controller: the prompt and its greedy continuation,
+    token for token, as fairseq's generator gives them, in batches of prompts of 1 to 8
+    words; the drafter proposed tokens and some were accepted."""
+    from cmasd.decoding.generator import SpeculativeGenerator
+
+    task, models, generator = lm_task(lm_data, lm, *DRAFTERS[drafter](draft_lm))
+    assert isinstance(generator, SpeculativeGenerator)
+    got = continuations(task, models, generator, prompts(lm_data, task.source_dictionary), bsz)
+    assert_same_continuations(got, fairseq_greedy[bsz])
+    assert generator.stats.accepted > 0
+
+
+@pytest.mark.parametrize("controller", ["cmasd", "gammatune", "hf-heuristic"])
+def test_other_controllers_stay_lossless(lm_data, lm, draft_lm, fairseq_greedy, controller):
+    """The controllers read no source: each keeps the draft model's continuations fairseq's."""
+    task, models, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm, "--spec-controller", controller,
+                                      "--spec-k", "4", "--spec-k-max", "8")
+    got = continuations(task, models, generator, prompts(lm_data, task.source_dictionary), 7)
+    assert_same_continuations(got, fairseq_greedy[7])
+
+
+def test_prompts_cut_by_the_maximum_length_end_as_fairseqs(lm_data, lm, draft_lm):
+    """A maximum length shorter than some prompts (--max-len-b 4): fairseq forces the first
+    max-len prompt tokens, then eos; so does the loop."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    task, models, reference = lm_task(lm_data, lm, "--max-len-b", "4")
+    assert isinstance(reference, SequenceGenerator)
+    tokens = prompts(lm_data, task.source_dictionary, 16)
+    expected = continuations(task, models, reference, tokens, 16)
+    _, _, generator = lm_task(lm_data, lm, "--max-len-b", "4", "--drafter-path", draft_lm)
+    assert_same_continuations(continuations(task, models, generator, tokens, 16), expected)
+
+
+def test_min_len_applies_after_the_prompts_as_fairseqs(lm_data, lm, draft_lm):
+    """fairseq's --min-len holds only after the batch's longest prompt (its forced prefix):
+    the same continuations with --min-len 12."""
+    task, models, reference = lm_task(lm_data, lm, "--min-len", "12")
+    tokens = prompts(lm_data, task.source_dictionary, 16)
+    expected = continuations(task, models, reference, tokens, 16)
+    _, _, generator = lm_task(lm_data, lm, "--min-len", "12", "--drafter-path", draft_lm)
+    assert_same_continuations(continuations(task, models, generator, tokens, 16), expected)
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ([], "input(s) 1: empty prompt"),
+    (list(range(4, 4 + TOKENS_PER_SAMPLE)), f"input(s) 1 ({TOKENS_PER_SAMPLE} tokens): prompt longer than the "
+                                            f"{TOKENS_PER_SAMPLE - 1} tokens"),
+])
+def test_bad_prompts_are_refused_in_one_message(lm_data, lm, draft_lm, prompt, message):
+    """An empty prompt, and one the model's positions cannot hold after the start token:
+    a UsageError naming the input, not a traceback from inside the model."""
+    from cmasd.errors import UsageError
+
+    task, models, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm)
+    eos = task.source_dictionary.eos()
+    tokens = [prompts(lm_data, task.source_dictionary, 1)[0], torch.tensor(prompt + [eos], dtype=torch.long)]
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        continuations(task, models, generator, tokens, 2)
+
+
+def test_an_encoder_decoder_draft_model_is_refused_for_a_language_model(lm_data, lm):
+    """A drafter must read what its verifier reads: an encoder-decoder model cannot draft for
+    a language model (refused in one message naming --drafter-path)."""
+    from fairseq.models.transformer import TransformerModel
+
+    from cmasd.drafters.autoregressive import AutoregressiveDrafter
+    from cmasd.errors import UsageError
+    from helpers import tiny_task, tiny_verifier_args
+
+    task, models, _ = lm_task(lm_data, lm)
+    options = SimpleNamespace(drafter_path="seq2seq.pt", spec_draft_block=None)  # what it reads before refusing
+    seq2seq = TransformerModel.build_model(tiny_verifier_args(), tiny_task(task.source_dictionary))
+    with pytest.raises(UsageError, match="--drafter-path seq2seq.pt: an encoder-decoder model cannot draft"):
+        AutoregressiveDrafter.from_model(seq2seq, models[0], options, "native", 4)
