@@ -220,7 +220,9 @@ HORIZON_READ = 1  # loop, with a controller that budgets (``budget`` not None): 
 BUDGETING = {"cmasd", "gammatune", "gammatune-plus", "cmasd-gammatune", "hf-heuristic", "goodput"}
 RAGGED_READS = 1  # layers, at batch > 1: the positions the rows send, packed (nonzero: their count is a shape)
 CONTROLLER_READS = {
-    "goodput": 2,  # plans on the host in numpy: this iteration's sent/accepted counts; the rows kept where rows finish
+    # plans on the host in numpy: the rows kept where rows finish; on a GPU also this
+    # iteration's sent/accepted counts (on a CPU numpy views of them: no read)
+    "goodput": 1,
 }
 DRAFTER_READS = {
     "spec": 1,  # the prefix tokens to feed and the longest prefix: shapes of its pass
@@ -241,7 +243,9 @@ BATCH_READS = {
 }
 ENCODER_READS = 2  # whether any source token is padding; fairseq's own position embedding of the source
 CROSS_READS = 1  # per cache of encoder keys (the verifier's, a model drafter's own): whether any source is padding
-OWN_CACHES = {"spec": 1, "autoregressive": 1, "history+source+autoregressive": 1}
+OWN_CACHES = {"spec": 1}
+# the draft model reads it at the start and builds its cache at its first draft
+DRAFT_MODEL_READS = {"autoregressive": 1, "history+source+autoregressive": 1}
 
 
 def part(read: str) -> str:
@@ -265,7 +269,10 @@ def budget(drafter: str, controller: str, bsz: int) -> dict:
 
 
 def batch_budget(drafter: str) -> dict:
-    return {**BATCH_READS, "layers": ENCODER_READS + CROSS_READS * (1 + OWN_CACHES.get(drafter, 0))}
+    reads = {**BATCH_READS, "layers": ENCODER_READS + CROSS_READS * (1 + OWN_CACHES.get(drafter, 0))}
+    if drafter in DRAFT_MODEL_READS:
+        reads["drafters/autoregressive.py"] = DRAFT_MODEL_READS[drafter]
+    return reads
 
 
 CASES = (

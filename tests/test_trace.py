@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from fairseq.tasks.translation import TranslationTask
 from helpers import PLUGINS, REPO, tool_env
 
 from cmasd.decoding.generator import SpeculativeGenerator
@@ -38,8 +39,8 @@ def loaded(multi30k, verifier, drafter):
 
 def greedy_tokens(task, models, cfg, samples):
     """Sentence id -> fairseq's own ``--beam 1`` output (its SequenceGenerator, built by
-    the task's parent class from the same generation options)."""
-    greedy = super(type(task), task).build_generator(models, cfg.generation)
+    fairseq's translation task from the same generation options)."""
+    greedy = TranslationTask.build_generator(task, models, cfg.generation)
     assert not isinstance(greedy, SpeculativeGenerator)
     out = {}
     for sample in samples:

@@ -229,7 +229,7 @@ class SpeculativeGenerator:
         else:
             self.warn_empty_sources(sample)
             source = Source(src_tokens, net_input["src_lengths"], self.encode(net_input))
-        state = self.start(source, ids, capacity, expected, prompts, self.eos if bos_token is None else bos_token)
+        state = self.start(source, ids, capacity, expected, prompts, bos_token)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         while state.rows.numel() > 0:
             state, done = self.step(state, max_len, stats)
@@ -271,14 +271,14 @@ class SpeculativeGenerator:
                 ", ".join(map(str, ids)),
             )
 
-    def start(self, source: Source, ids: Tensor, capacity: int, cache_capacity: int, prompts: Optional[Tensor],
-              bos: int) -> DecodeState:
-        """Rows of sentences ``ids`` (B,), of at most ``capacity`` tokens, each ``bos`` and its
-        row of ``prompts`` (B, P), pad after (None: ``bos`` alone); caches for
+    def start(self, source: Source, ids: Tensor, capacity: int, cache_capacity: int,
+              prompts: Optional[Tensor] = None, bos: Optional[int] = None) -> DecodeState:
+        """Rows of sentences ``ids`` (B,), of at most ``capacity`` tokens, each ``bos`` (None:
+        eos) and its row of ``prompts`` (B, P), pad after (None: ``bos`` alone); caches for
         ``cache_capacity`` positions, holding the prompts (``prefill``)."""
         bsz, device = ids.size(0), ids.device
         tokens = torch.full((bsz, capacity), self.pad, dtype=torch.long, device=device)
-        tokens[:, 0] = bos
+        tokens[:, 0] = self.eos if bos is None else bos
         lengths = torch.ones(bsz, dtype=torch.long, device=device)
         if prompts is not None:
             tokens[:, 1 : 1 + prompts.size(1)] = prompts

@@ -55,6 +55,7 @@ class Pending:
     source: Source
     rows: Tensor  # (B,) indices into the source's rows
     capacity: int
+    padded: Optional[bool] = None  # whether any source token is padding (read at the start); None: no source
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,11 @@ class AutoregressiveDrafter(ModelDrafter):
     def start(self, source: Source, capacity: int) -> ARDrafterState:
         """Nothing built yet (``ARDrafterState``): the cache waits for the first draft."""
         bsz, device = source.tokens.size(0), source.tokens.device
+        # whether the encoder keys need a padding mask: read here, with the batch's other
+        # reads, not in the iteration that first drafts
+        padded = bool(source.tokens.eq(self.model.encoder.padding_idx).any()) if has_encoder(self.model) else None
         return ARDrafterState(None, torch.zeros(bsz, dtype=torch.long, device=device),
-                              Pending(source, torch.arange(bsz, device=device), capacity))
+                              Pending(source, torch.arange(bsz, device=device), capacity, padded))
 
     def built(self, state: ARDrafterState) -> ARDrafterState:
         """``state`` with its cache, for the rows still active: the draft model's own
@@ -146,7 +150,7 @@ class AutoregressiveDrafter(ModelDrafter):
         encoder_out = source.encoder_out
         if self.encode is not None:
             encoder_out = self.encode({"src_tokens": source.tokens, "src_lengths": source.lengths})
-        cache = self.scorer.start(encoder_out, capacity, source.tokens.size(0))
+        cache = self.scorer.start(encoder_out, capacity, source.tokens.size(0), state.pending.padded)
         if rows.numel() < source.tokens.size(0):  # rows only ever leave, in order: fewer means some left
             cache = cache.select(rows)
         return ARDrafterState(cache, state.cached)

@@ -96,10 +96,13 @@ class BlockScorer:
         self.padding_idx = decoder.padding_idx
         self.last_position = decoder.padding_idx + decoder.max_positions()
 
-    def start(self, encoder_out: Optional[dict], capacity: int, rows: Optional[int] = None) -> VerifierCache:
+    def start(self, encoder_out: Optional[dict], capacity: int, rows: Optional[int] = None,
+              padded: Optional[bool] = None) -> VerifierCache:
         """Empty caches for a batch, from fairseq's encoder output dictionary; for a decoder
         without encoder attention (a language model's), ``encoder_out`` None and the batch's
-        ``rows``: its layers attend to no source (their encoder keys and values hold none)."""
+        ``rows``: its layers attend to no source (their encoder keys and values hold none).
+        ``padded``: whether any source token is padding, where the caller knows it (None:
+        read from the encoder output, a host read)."""
         dec = self.decoder
         if encoder_out is None:
             like = next(dec.decoder.parameters())
@@ -108,7 +111,7 @@ class BlockScorer:
                                  cross, None)
         states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
         shape = (states.size(0), 2 * dec.heads, capacity, dec.head_dim)
-        cross, cross_bias = dec.cross_keys(states, real)
+        cross, cross_bias = dec.cross_keys(states, real, padded)
         return VerifierCache([states.new_zeros(shape) for _ in dec.layers], cross, cross_bias)
 
     def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None,

@@ -92,8 +92,9 @@ class DecodingDecoder:
         self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
         self.native = None if self.fused is None else native_module()  # the C++ extension, where the layers use it
         self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
-        self.tables: Optional[Tuple[Tensor, Optional[Tensor]]] = None  # ``input_tables``, for ``tables_for``
-        self.tables_for: Optional[torch.device] = None
+        # the token and position tables of a plain input (``embed``), made here, not in an
+        # iteration (a sinusoidal table is computed); None where the input is not plain
+        self.input_tables = plain_input_tables(decoder)
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """fairseq's input embedding of tokens (B, T) at explicit positions -> (B, T, C).
@@ -101,7 +102,7 @@ class DecodingDecoder:
         projected or normalised) is three calls on tables read once: the loop embeds at
         every step, and going through fairseq's modules cost several times the arithmetic
         at batch 1 (the same values: the scaled token rows, then the position rows added)."""
-        tables = self.input_tables(tokens.device)
+        tables = self.input_tables
         if tables is None:
             return embed(self.decoder, tokens, positions)
         token_table, position_table = tables
@@ -115,26 +116,22 @@ class DecodingDecoder:
         each at most ``last``: one C++ call (``embed_rows``) where the layers run in C++ and
         the input is plain (the same values), else the positions' tensor, then ``embed``."""
         if self.fused is not None and tokens.device.type == "cpu":  # the extension is loaded
-            tables = self.input_tables(tokens.device)
+            tables = self.input_tables
             if tables is not None and tables[0].dtype == torch.float32:
                 return self.native.embed_rows(tokens, start, tables[0], tables[1], float(self.decoder.embed_scale),
                                               offset, last)
         index = start[:, None] + torch.arange(tokens.size(1), device=tokens.device)[None, :]  # (B, n)
         return self.embed(tokens, (index + offset).clamp(max=last))
 
-    def input_tables(self, device: torch.device) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
-        """The token and position tables of a plain input (``embed``), made on the first
-        call for ``device``; None where the input is not plain."""
-        if self.tables_for != device:
-            self.tables, self.tables_for = plain_input_tables(self.decoder), device
-        return self.tables
-
-    def cross_keys(self, encoder_states: Tensor, visible: Tensor) -> Tuple[List[Tuple[Tensor, Tensor]], Optional[Tensor]]:
+    def cross_keys(self, encoder_states: Tensor, visible: Tensor,
+                   padded: Optional[bool] = None) -> Tuple[List[Tuple[Tensor, Tensor]], Optional[Tensor]]:
         """Every layer's encoder keys/values for encoder states (B, S, C) whose source
         tokens are ``visible`` (B, S) bool, and the additive cross mask (B, 1, 1, S), None
-        when no source token is padding."""
+        when no source token is padding (``padded``, where the caller knows it; None: read
+        from ``visible``, a host read)."""
         keys = [layer.cross_keys(encoder_states) for layer in self.layers]
-        bias = None if bool(visible.all()) else additive_mask(visible[:, None, None, :], encoder_states)
+        padded = not bool(visible.all()) if padded is None else padded
+        bias = additive_mask(visible[:, None, None, :], encoder_states) if padded else None
         return keys, bias
 
     def states(
