@@ -158,9 +158,10 @@ def test_greedy_continuations_equal_fairseqs(lm_data, lm, draft_lm, fairseq_gree
     assert generator.stats.accepted > 0
 
 
-@pytest.mark.parametrize("controller", ["cmasd", "gammatune", "hf-heuristic"])
+@pytest.mark.parametrize("controller", ["cmasd", "gammatune", "hf-heuristic", "goodput"])
 def test_other_controllers_stay_lossless(lm_data, lm, draft_lm, fairseq_greedy, controller):
-    """The controllers read no source: each keeps the draft model's continuations fairseq's."""
+    """The controllers read no source: each keeps the draft model's continuations fairseq's
+    (goodput with the costs calibrated for the language models when the generator is built)."""
     task, models, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm, "--spec-controller", controller,
                                       "--spec-k", "4", "--spec-k-max", "8")
     got = continuations(task, models, generator, prompts(lm_data, task.source_dictionary), 7)

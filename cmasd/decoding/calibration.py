@@ -83,14 +83,17 @@ class Bench:
         parameter = next(model.parameters())
         device = parameter.device
         random = torch.Generator().manual_seed(seed)
-        src_vocab = model.encoder.embed_tokens.num_embeddings
         tgt_vocab = model.decoder.embed_tokens.num_embeddings
+        # a language model (no encoder) has its prompts for a source: random target pieces,
+        # which the prefix below replaces in its cache
+        src_vocab = tgt_vocab if g.encode is None else model.encoder.embed_tokens.num_embeddings
         src = torch.randint(4, src_vocab, (rows, SOURCE_LENGTH), generator=random)
-        src[:, -1] = g.eos
+        if g.encode is not None:
+            src[:, -1] = g.eos  # a source sentence ends with end-of-sentence
         src, lengths = src.to(device), torch.full((rows,), SOURCE_LENGTH, dtype=torch.long, device=device)
-        net_input = {"src_tokens": src, "src_lengths": lengths}
         capacity = PREFIX + g.horizon + 2
-        source = Source(src, lengths, g.encode(net_input))
+        encoder_out = None if g.encode is None else g.encode({"src_tokens": src, "src_lengths": lengths})
+        source = Source(src, lengths, encoder_out)
         self.quiet = quiet(g)
         state = self.quiet.start(source, torch.arange(rows, device=device), capacity, capacity)
         tokens = torch.randint(4, tgt_vocab, (rows, capacity), generator=random).to(device)
