@@ -222,3 +222,65 @@ def test_an_encoder_decoder_draft_model_is_refused_for_a_language_model(lm_data,
     seq2seq = TransformerModel.build_model(tiny_verifier_args(), tiny_task(task.source_dictionary))
     with pytest.raises(UsageError, match="--drafter-path seq2seq.pt: an encoder-decoder model cannot draft"):
         AutoregressiveDrafter.from_model(seq2seq, models[0], options, "native", 4)
+
+
+SAMPLED_COPIES = 1200  # copies of one prompt, each its own sentence id (its own uniforms)
+
+
+def first_two_sampled(task, models, generator, prompt, copies, bsz):
+    """(copies, 2): the first two continuation tokens of each copy of ``prompt`` (eos,
+    eos where the continuation ends at once), ``bsz`` copies a batch."""
+    found = continuations(task, models, generator, [prompt] * copies, bsz)
+    start = prompt.numel() - 1  # the hypothesis begins with the prompt (its input line's eos stripped)
+    pairs = []
+    for tokens, _ in found:
+        first = int(tokens[start])
+        eos = task.source_dictionary.eos()
+        pairs.append((first, eos if first == eos else int(tokens[start + 1])))
+    return torch.tensor(pairs)
+
+
+def exact_first_two(model, dictionary, prompt) -> torch.Tensor:
+    """P(t1, t2) (V, V) of the verifier LM's sampling after ``prompt``: temperature 1, pad
+    never drawn; a continuation ending at t1 = eos counts as (eos, eos)."""
+    eos, pad, vocab = dictionary.eos(), dictionary.pad(), len(dictionary)
+    prefix = torch.cat([torch.tensor([eos]), prompt[:-1]])  # BOS (eos), then the prompt
+    with torch.no_grad():
+        first = model(prefix[None])[0][:, -1]  # (1, V)
+        both = torch.cat([prefix[None].expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # (V, P + 2)
+        second = model(both)[0][:, -1]  # (V, V)
+
+    def probs(logits):
+        logits = logits.double()
+        logits[:, pad] = -float("inf")
+        return torch.softmax(logits, dim=-1)
+
+    p1 = probs(first)[0]  # (V,)
+    joint = p1[:, None] * probs(second)  # (V, V)
+    joint[eos] = 0.0
+    joint[eos, eos] = p1[eos]
+    return joint
+
+
+def test_speculative_sampling_continues_a_prompt_as_the_verifier_samples(lm_data, lm, draft_lm):
+    """Speculative sampling (the rejection rule, the draft LM, k = 4) draws a prompt's first two
+    continuation tokens from the verifier LM's own distribution (chi-square against the exact
+    joint of ``SAMPLED_COPIES`` copies, each its own sentence id), and a copy gets the same
+    continuation at batch 1 as at batch 16 (its uniforms are its sentence id's)."""
+    from helpers import chi_square, threshold
+
+    task, models, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm, "--spec-k", "4", "--sampling",
+                                      "--spec-acceptance", "rejection")
+    prompt = prompts(lm_data, task.source_dictionary)[2]  # three words
+    pairs = first_two_sampled(task, models, generator, prompt, SAMPLED_COPIES, 16)
+    joint = exact_first_two(models[0], task.source_dictionary, prompt)
+    vocab = joint.size(0)
+    counts = torch.bincount(pairs[:, 0] * vocab + pairs[:, 1], minlength=vocab * vocab)
+    stat, df = chi_square(counts, joint.flatten())
+    assert df >= 20, f"{df} degrees of freedom: too few bins for the test to have power"
+    assert stat < threshold(df), f"chi-square {stat:.1f} on {df} df (threshold {threshold(df):.1f})"
+    assert generator.stats.accepted > 0  # drafts were kept, not only the verifier's draws
+    alone = continuations(task, models, generator, [prompt] * 16, 1)
+    together = continuations(task, models, generator, [prompt] * 16, 16)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, together))
+    assert len({tuple(a[0].tolist()) for a in alone}) > 1  # different ids, different samples
