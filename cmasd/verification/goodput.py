@@ -322,12 +322,15 @@ class Goodput(Controller):
         and numpy's calls on one-element arrays would be a tenth of it."""
         if self.costs is None:
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
+        if len(acceptance) == 1:
+            return np.array([self.plan_row(float(acceptance[0]))], dtype=np.int64)
         if self.timing_idle(len(acceptance)):
             return np.zeros(len(acceptance), dtype=np.int64)
-        drafting = self.drafting(len(acceptance))
-        if len(acceptance) == 1:
-            return np.array([plan_one(float(acceptance[0]), self.costs, self.k_max, drafting)], dtype=np.int64)
-        return plan_lengths(acceptance, self.costs, self.k_max, drafting)
+        return plan_lengths(acceptance, self.costs, self.k_max, self.drafting(len(acceptance)))
+
+    def plan_row(self, acceptance: float) -> int:
+        """``plan`` of a row alone, whose drafts are accepted with probability ``acceptance``."""
+        return 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1))
 
     def starting_acceptance(self) -> Tuple[float, float]:
         """The acceptance new rows start from, and the drafts' worth of evidence it counts
@@ -343,8 +346,8 @@ class Goodput(Controller):
         prior = np.full(rows, acceptance)
         plan = self.plan(prior)
         return GoodputState(weight * prior, weight * (1 - prior), torch.as_tensor(plan, device=device),
-                            0, np.full(rows, self.probe_every, dtype=np.int64), plan,
-                            plan_seconds(plan, self.costs, self.k_max), None, rows, rows, bool(plan.any()))
+                            0, np.full(rows, self.probe_every, dtype=np.int64), plan, self.seconds(plan), None, rows,
+                            rows, bool(plan.any()))
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -425,13 +428,12 @@ class Goodput(Controller):
                 hits, misses = hits * self.memory + kept, misses * self.memory + rejected
                 self.learn(float(kept), rejected)
             acceptance = hits / (hits + misses)
-            plan = 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1))
+            plan = self.plan_row(acceptance)
         if plan > 0:
             wait = self.probe_every
         elif step % wait == 0:  # its probe is due
             acceptance = hits / (hits + misses) if acceptance is None else acceptance
-            plan = 0 if self.timing_idle(1) else plan_one(max(acceptance, self.prior), self.costs, self.k_max,
-                                                          self.drafting(1))
+            plan = self.plan_row(max(acceptance, self.prior))
             wait *= 2
         arrays = (np.array([hits]), np.array([misses]), step, np.array([wait]))
         if plan == planned and state.planned_for == 1:  # the same plan, on the device already
