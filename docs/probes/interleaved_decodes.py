@@ -1,0 +1,96 @@
+"""Bench configurations decoded in one process, interleaved, after a warm-up: min and median
+seconds per pass and each one's ratio to the first (the in-process figures of
+docs/results/speculation-pays.md's third session; `cmasd-bench` is the record).
+
+    /work/main/.venv/bin/python docs/probes/interleaved_decodes.py DATA --batch-size 16 \
+        --sentences 400 --repeats 5 --drafter spec/checkpoint_best.pt --ar-drafter ar/checkpoint_best.pt \
+        --set spec_draft_shortlist_counts=counts.de.txt \
+        loop-greedy "idle:base=goodput-ar-sl2000;goodput_prior=0.02;goodput_probe_every=100000"
+
+A configuration is a bench name or `NAME:base=NAMED;KEY=VALUE;...`. `--time-parts` adds the
+seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
+`--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen).
+"""
+
+import argparse
+import collections
+import statistics
+import time
+
+from cmasd.tools.bench import configs, loading
+from cmasd.tools.bench.measure import decode_split
+
+MODEL = "/work/shared/models/multi30k-en-de-compact/verifier.pt"
+
+
+def wrapped(spent, cls, name):
+    original = getattr(cls, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        result = original(*args, **kwargs)
+        spent[f"{cls.__name__}.{name}"] += time.perf_counter() - t0
+        return result
+
+    setattr(cls, name, timed)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data")
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--gen-subset", default="test")
+    ap.add_argument("--path", default=MODEL)
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--ar-drafter", default=None)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--sentences", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every configuration")
+    ap.add_argument("--time-parts", action="store_true")
+    ap.add_argument("--learned-weight", type=float, default=None)
+    a = ap.parse_args()
+    from cmasd.drafters.autoregressive import AutoregressiveDrafter
+    from cmasd.verification import goodput
+
+    spent = collections.defaultdict(float)
+    if a.time_parts:
+        for name in ("observe", "budget", "propose"):
+            wrapped(spent, goodput.Goodput, name)
+        wrapped(spent, AutoregressiveDrafter, "draft")
+    if a.learned_weight is not None:
+        goodput.LEARNED_WEIGHT = a.learned_weight
+    args = argparse.Namespace(data=a.data, path=a.path, drafter_path=a.drafter, ar_drafter_path=a.ar_drafter,
+                              exit_heads_path=None, blockwise_heads_path=None, source_lang=None, target_lang=None,
+                              gen_subset=a.gen_subset, max_sentences=a.sentences, threads=2, cpu=True, fp16=False,
+                              bf16=False)
+    roles = [role for role, path in (("spec", a.drafter), ("ar", a.ar_drafter)) if path]
+    setup = loading.load_setup(args, roles)
+    overrides = configs.parse_assignments(a.set)
+    generators = []
+    for spec in a.configs:
+        config = [c for c in configs.resolve_configs(spec) if c.name != "greedy"][0]
+        generators.append((spec, loading.build_generator(setup, config, overrides, loading.drafter_paths(args))))
+    batches = loading.build_batches(setup, a.batch_size)
+    for _, generator in generators:
+        decode_split(generator, setup, batches[:4])
+    seconds, stats = {spec: [] for spec in a.configs}, {}
+    for _ in range(a.repeats):
+        for spec, generator in generators:
+            t0 = time.perf_counter()
+            run = decode_split(generator, setup, batches)
+            seconds[spec].append(time.perf_counter() - t0)
+            stats[spec] = run.stats if isinstance(run.stats, dict) else {}
+    first = statistics.median(seconds[a.configs[0]])
+    for spec in a.configs:
+        s, median = stats[spec], statistics.median(seconds[spec])
+        print(f"{spec:60s} min {min(seconds[spec]):.3f} med {median:.3f} x{first / median:.3f} "
+              f"tok/it {s.get('mean_accepted_tokens', 0):.2f} k {s.get('mean_k', 0):.2f} "
+              f"d/v/b {s.get('draft_ms_per_iteration', 0):.3f}/{s.get('verify_ms_per_iteration', 0):.3f}/"
+              f"{s.get('bookkeeping_ms_per_iteration', 0):.3f} ms")
+    for name, total in spent.items():
+        print(f"{name}: {total * 1000:.1f} ms in all")
+
+
+if __name__ == "__main__":
+    main()
