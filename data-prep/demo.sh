@@ -15,7 +15,7 @@ usage() {
   cat <<'EOF'
 Usage: bash data-prep/demo.sh [--plan]      (or: make demo)
 
-Six stages, each skipped when already done, so that a rerun resumes where the last one
+Seven stages, each skipped when already done, so that a rerun resumes where the last one
 stopped (paths relative to the repository root):
   1 data      data-prep/prepare-multi30k.sh -> data-bin/demo-multi30k (with VERIFIER set:
               the verifier's own spm.model and dict.txt, found beside it)
@@ -29,18 +29,24 @@ stopped (paths relative to the repository root):
               schedule for short runs (--lr 1e-3 --warmup-updates 100 --drafter-cuts 2:
               the recipe's 1,000 warm-up updates are about an hour on 2 CPU cores)
               -> checkpoints/demo/drafter/checkpoint_best.pt
-  5 bench     cmasd-bench on the test split -> checkpoints/demo/bench.md, bench.json,
+  5 draft-model
+              data-prep/train-ar-drafter.sh on the distilled data, time-bounded: the
+              1-layer autoregressive draft model (it learns in minutes what the Spec-Drafter
+              learns in hours), and the distilled targets' piece counts for its 2,000-piece
+              shortlist (cmasd-prep piece-counts) -> checkpoints/demo/draft-model/
+  6 bench     cmasd-bench on the test split -> checkpoints/demo/bench.md, bench.json,
               latency-throughput.png; the table is printed at the end
-  6 trace     cmasd-trace on a few test sentences: each iteration's drafts, which were
+  7 trace     cmasd-trace on a few test sentences: each iteration's drafts, which were
               accepted and where the verifier corrected -> checkpoints/demo/trace.html
               and trace.ansi (the terminal's picture, printed at the end)
 
 Profiles (DEMO_PROFILE):
   short (default)  under an hour on 2 CPU cores, setup included (--plan prints the estimate of
                    each stage): a 24-minute verifier (compact-short: bfloat16 autocast where the
-                   CPU has it), a 12-minute drafter, a bench of 7 configurations on 300 test
-                   sentences at batch 1 and 16, one recorded pass
-  full             about 3 hours: a one-hour verifier (compact), a one-hour drafter,
+                   CPU has it), a 12-minute drafter, a 7-minute draft model, a bench of 9
+                   configurations on 300 test sentences at batch 1 and 16, one recorded pass
+  full             about 3.5 hours: a one-hour verifier (compact), a one-hour drafter, a
+                   half-hour draft model,
                    cmasd-bench's default configurations on the whole test split, 2 passes
 
 Environment (each wins over the profile):
@@ -53,14 +59,17 @@ Environment (each wins over the profile):
   DEMO_VERIFIER_HOURS   fairseq-train --stop-time-hours of the verifier (short 0.4, full 1.0)
   DEMO_DRAFTER_HOURS    fairseq-train --stop-time-hours of the drafter (short 0.2, full 1.0)
   DEMO_DRAFTER_UPDATES  fairseq-train --max-update of the drafter (default 30000)
-  DEMO_VERIFIER_ARGS, DEMO_DRAFTER_ARGS
-                        more fairseq-train options for the verifier and the drafter (split at
-                        spaces; they win over the recipe's)
+  DEMO_DRAFT_MODEL_HOURS
+                        fairseq-train --stop-time-hours of the draft model (short 0.12, full 0.5)
+  DEMO_VERIFIER_ARGS, DEMO_DRAFTER_ARGS, DEMO_DRAFT_MODEL_ARGS
+                        more fairseq-train options for the verifier, the drafter and the draft
+                        model (split at spaces; they win over the recipe's)
   DEMO_BATCH_SIZES      cmasd-bench --batch-sizes (default 1,16)
   DEMO_REPEATS          cmasd-bench --repeats (short 1, full 2)
   DEMO_MAX_SENTENCES    cmasd-bench --max-sentences (short 300; full: the whole test split)
   DEMO_CONFIGS          cmasd-bench --configs (short: beam5,greedy,ct2-greedy,ct2-greedy-1t,
-                        loop-greedy,specdec-k5-exact,cmasd-k8; full: cmasd-bench's default)
+                        loop-greedy,specdec-k5-exact,cmasd-k8,ar-g4-exact-sl2000,
+                        goodput-ar-sl2000; full: cmasd-bench's default and those two)
   DEMO_TRACE_SENTENCES  test sentences cmasd-trace shows (default 3)
   CMASD_DATA_MIRROR     local mirror of the data (see prepare-multi30k.sh --help); default:
                         the shared/data folder beside the repository when it holds multi30k/
@@ -71,7 +80,8 @@ Environment (each wins over the profile):
 
 Skipping: data and distill are idempotent scripts; verifier: its checkpoint and the marker
 checkpoints/demo/.verifier-done; drafter: its checkpoint and checkpoints/demo/.drafter-done
-(which names the verifier it was trained for); bench: bench.json newer than the drafter;
+(which names the verifier it was trained for); draft-model: the same with
+checkpoints/demo/.draft-model-done; bench: bench.json newer than both drafters;
 trace: trace.html newer than bench.json. Delete a marker (or bench.json) to redo its stage;
 a training stage then resumes from its checkpoint_last.pt, and its time bound counts the
 hours already trained.
@@ -96,15 +106,20 @@ esac
 # ------------------------------------------------------------------ settings, checked up front
 
 PROFILE="${DEMO_PROFILE:-short}"
+# the rows of the draft model: lossless, its 2,000-piece shortlist, gamma 4 and the cost-aware
+# controller (cmasd-bench --list-configs)
+DRAFT_MODEL_ROWS="ar-g4-exact-sl2000,goodput-ar-sl2000"
 case "$PROFILE" in
-  # verifier hours, drafter hours, repeats, sentences, configurations, verifier recipe
-  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,ct2-greedy-1t,loop-greedy,specdec-k5-exact,cmasd-k8" compact-short) ;;
-  full) DEFAULTS=(1.0 1.0 2 "" "" compact) ;;
+  # verifier hours, drafter hours, repeats, sentences, configurations, verifier recipe,
+  # draft model hours
+  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,ct2-greedy-1t,loop-greedy,specdec-k5-exact,cmasd-k8,$DRAFT_MODEL_ROWS" compact-short 0.12) ;;
+  full) DEFAULTS=(1.0 1.0 2 "" "+$DRAFT_MODEL_ROWS" compact 0.5) ;;  # + : after the bench's defaults
   *) die "bad DEMO_PROFILE=$PROFILE: expected short or full" ;;
 esac
 VERIFIER_HOURS="${DEMO_VERIFIER_HOURS:-${DEFAULTS[0]}}"
 DRAFTER_HOURS="${DEMO_DRAFTER_HOURS:-${DEFAULTS[1]}}"
 DRAFTER_UPDATES="${DEMO_DRAFTER_UPDATES:-30000}"
+DRAFT_MODEL_HOURS="${DEMO_DRAFT_MODEL_HOURS:-${DEFAULTS[6]}}"
 BATCH_SIZES="${DEMO_BATCH_SIZES:-1,16}"
 REPEATS="${DEMO_REPEATS:-${DEFAULTS[2]}}"
 MAX_SENTENCES="${DEMO_MAX_SENTENCES:-${DEFAULTS[3]}}"
@@ -113,10 +128,13 @@ VERIFIER_SIZE="${DEFAULTS[5]}"
 TRACE_SENTENCES="${DEMO_TRACE_SENTENCES:-3}"
 VERIFIER_ARGS=()
 DRAFTER_ARGS=()
+DRAFT_MODEL_ARGS=()
 read -r -a VERIFIER_ARGS <<< "${DEMO_VERIFIER_ARGS:-}"
 read -r -a DRAFTER_ARGS <<< "${DEMO_DRAFTER_ARGS:-}"
+read -r -a DRAFT_MODEL_ARGS <<< "${DEMO_DRAFT_MODEL_ARGS:-}"
 
-for setting in "DEMO_VERIFIER_HOURS=$VERIFIER_HOURS" "DEMO_DRAFTER_HOURS=$DRAFTER_HOURS"; do
+for setting in "DEMO_VERIFIER_HOURS=$VERIFIER_HOURS" "DEMO_DRAFTER_HOURS=$DRAFTER_HOURS" \
+  "DEMO_DRAFT_MODEL_HOURS=$DRAFT_MODEL_HOURS"; do
   if ! [[ "${setting#*=}" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] || [[ "${setting#*=}" =~ ^[0.]+$ ]]; then
     die "bad $setting: expected a positive number of hours"
   fi
@@ -158,16 +176,19 @@ else
   VERIFIER_PT="$OUT/verifier/checkpoint_best.pt"
 fi
 DRAFTER_PT="$OUT/drafter/checkpoint_best.pt"
+DRAFT_MODEL_PT="$OUT/draft-model/checkpoint_best.pt"
+PIECE_COUNTS="$OUT/draft-model/piece-counts.txt"
 
 # ------------------------------------------------------------------ the plan
 
 # Minutes of each stage on a 2-core machine (measured: docs/RESULTS.md, "make demo"); the
 # training stages are bounded by their hours (plus their last validation and save).
-STAGES=(data verifier distill drafter bench trace)
+STAGES=(data verifier distill drafter draft-model bench trace)
 declare -A ESTIMATE=([data]=2 [distill]=5 [trace]=1)
 ESTIMATE[verifier]="$(awk -v h="$VERIFIER_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
 ESTIMATE[drafter]="$(awk -v h="$DRAFTER_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
-if [[ "$PROFILE" == short ]]; then ESTIMATE[bench]=6; else ESTIMATE[bench]=45; fi
+ESTIMATE[draft-model]="$(awk -v h="$DRAFT_MODEL_HOURS" 'BEGIN { printf "%.0f", h * 60 + 1 }')"
+if [[ "$PROFILE" == short ]]; then ESTIMATE[bench]=8; else ESTIMATE[bench]=50; fi
 [[ -z "${DEMO_DATA:-}" ]] || ESTIMATE[data]=0
 [[ -z "${VERIFIER:-}" ]] || ESTIMATE[verifier]=0
 
@@ -278,7 +299,7 @@ measured() {
 # (stage_end keeps it); shown: cmasd's own lines and progress bars (fairseq's log stays in the file)
 SHOWN='^\[cmasd prep\]|\] [0-9,]+/[0-9,]+ \(|\| cmasd\.'
 logged() {
-  measured "$@" 2>&1 | tee "$LOGS/$STAGE.log.new" | { grep --line-buffered -E "$SHOWN" || true; }
+  measured "$@" 2>&1 | tee -a "$LOGS/$STAGE.log.new" | { grep --line-buffered -E "$SHOWN" || true; }
 }
 
 # trained HOURS UPDATES CMD...: a training CMD (measured), its whole output in the stage's
@@ -359,23 +380,60 @@ else
   stage_end ran
 fi
 
-# ------------------------------------------------------------------ 5 bench
+# ------------------------------------------------------------------ 5 draft model
 
-if [[ -f "$OUT/bench.json" && "$OUT/bench.json" -nt "$DRAFTER_PT" ]]; then
-  stage_begin bench "skip: $OUT/bench.json (newer than the drafter)"
+if [[ -f "$DRAFT_MODEL_PT" && -f "$PIECE_COUNTS" && -f "$OUT/.draft-model-done" ]]; then
+  if [[ "$(cat "$OUT/.draft-model-done")" != "$DRAFTER_FOR" ]]; then
+    stage_begin draft-model "$DRAFT_MODEL_PT is for another verifier"
+    die "$OUT/draft-model was trained for another verifier ($(cat "$OUT/.draft-model-done")," \
+      "now $DRAFTER_FOR): remove $OUT/draft-model and $OUT/.draft-model-done to train a new one"
+  fi
+  stage_begin draft-model "skip: $DRAFT_MODEL_PT (done)"
+  stage_end skipped
+else
+  stage_begin draft-model "training the draft model for at most $DRAFT_MODEL_HOURS h -> $OUT/draft-model"
+  rm -f "$OUT/.draft-model-done"
+  trained "$DRAFT_MODEL_HOURS" "" bash "$CMASD_ROOT/data-prep/train-ar-drafter.sh" "$DISTILLED" "$VERIFIER_PT" \
+    --save-dir "$OUT/draft-model" --stop-time-hours "$DRAFT_MODEL_HOURS" --no-epoch-checkpoints \
+    ${DRAFT_MODEL_ARGS[@]+"${DRAFT_MODEL_ARGS[@]}"}
+  [[ -f "$DRAFT_MODEL_PT" ]] || die "training ended without $DRAFT_MODEL_PT (see $LOGS/draft-model.log)"
+  # the shortlist's order: the distilled training targets' piece counts (train.SRC-TGT.TGT)
+  targets=("$DISTILLED"/train.*-*.idx)
+  target="" pair="" prefix=""
+  for prefix in "${targets[@]}"; do
+    prefix="${prefix%.idx}"
+    pair="${prefix##*/train.}"
+    target="${pair#*.}"
+    [[ "${pair%%.*}" == *-"$target" ]] && break
+    target=""
+  done
+  [[ -n "$target" ]] || die "no binarized training targets (train.SRC-TGT.TGT.idx) in $DISTILLED"
+  logged "$PY" -m cmasd.tools.prep piece-counts --dict "$DISTILLED/dict.$target.txt" -o "$PIECE_COUNTS" "$prefix"
+  printf '%s\n' "$DRAFTER_FOR" > "$OUT/.draft-model-done"
+  stage_end ran
+fi
+
+# ------------------------------------------------------------------ 6 bench
+
+if [[ -f "$OUT/bench.json" && "$OUT/bench.json" -nt "$DRAFTER_PT" && "$OUT/bench.json" -nt "$DRAFT_MODEL_PT" ]]; then
+  stage_begin bench "skip: $OUT/bench.json (newer than both drafters)"
   stage_end skipped
 else
   stage_begin bench "cmasd-bench on ${MAX_SENTENCES:-all} test sentences, batch sizes $BATCH_SIZES, $REPEATS repeat(s) -> $OUT"
   rm -f "$OUT/bench.json"
+  if [[ "$CONFIGS" == +* ]]; then
+    CONFIGS="$("$PY" -c 'from cmasd.tools.bench.configs import DEFAULT_CONFIGS; print(DEFAULT_CONFIGS)'),${CONFIGS#+}"
+  fi
   logged "$PY" -m cmasd.tools.bench "$DATA" \
-    --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --gen-subset test \
+    --path "$VERIFIER_PT" --drafter-path "$DRAFTER_PT" --ar-drafter-path "$DRAFT_MODEL_PT" \
+    --set "spec_draft_shortlist_counts=$PIECE_COUNTS" --gen-subset test \
     --batch-sizes "$BATCH_SIZES" --repeats "$REPEATS" ${CONFIGS:+--configs "$CONFIGS"} \
     ${MAX_SENTENCES:+--max-sentences "$MAX_SENTENCES"} --out-dir "$OUT"
   [[ -f "$OUT/bench.json" ]] || die "cmasd-bench wrote no $OUT/bench.json (see $LOGS/bench.log)"
   stage_end ran
 fi
 
-# ------------------------------------------------------------------ 6 trace
+# ------------------------------------------------------------------ 7 trace
 
 if [[ -f "$OUT/trace.html" && -f "$OUT/trace.ansi" && "$OUT/trace.html" -nt "$OUT/bench.json" ]]; then
   stage_begin trace "skip: $OUT/trace.html (newer than bench.json)"
@@ -395,6 +453,7 @@ fi
 log "done. Stage times and memory: $STAGES_TSV; logs: $LOGS/"
 log "  verifier  $VERIFIER_PT"
 log "  drafter   $DRAFTER_PT"
+log "  draft model $DRAFT_MODEL_PT (shortlist order: $PIECE_COUNTS)"
 log "  results   $OUT/bench.md, $OUT/bench.json, $OUT/latency-throughput.png, $OUT/trace.html, $OUT/trace.ansi"
 if [[ -f "$OUT/bench.md" ]]; then cat "$OUT/bench.md"; fi
 # the picture, in colour on a terminal (the same in trace.html)

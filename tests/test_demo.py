@@ -44,8 +44,11 @@ def test_demo_runs_every_stage_and_reports_time_memory_and_the_trace(small_data,
     env = {
         "DEMO_DATA": str(small_data), "DEMO_OUT": str(out), "DEMO_VERIFIER_ARGS": TINY_VERIFIER,
         "DEMO_DRAFTER_ARGS": "--max-update 10 --max-tokens 2048 --warmup-updates 5",
-        "DEMO_VERIFIER_HOURS": "0.1", "DEMO_DRAFTER_HOURS": "0.1", "DEMO_MAX_SENTENCES": "12",
-        "DEMO_BATCH_SIZES": "1,4", "DEMO_CONFIGS": "greedy,loop-greedy,specdec-k5-exact", "DEMO_TRACE_SENTENCES": "2",
+        "DEMO_DRAFT_MODEL_ARGS": "--max-update 10 --max-tokens 2048 --warmup-updates 5",
+        "DEMO_VERIFIER_HOURS": "0.1", "DEMO_DRAFTER_HOURS": "0.1", "DEMO_DRAFT_MODEL_HOURS": "0.1",
+        "DEMO_MAX_SENTENCES": "12", "DEMO_BATCH_SIZES": "1,4",
+        # the test's vocabulary has 1,001 pieces: the draft model's row drafts among 500 of them
+        "DEMO_CONFIGS": "greedy,loop-greedy,specdec-k5-exact,ar-sl500:base=ar-g4-exact-sl2000;spec_draft_shortlist=500", "DEMO_TRACE_SENTENCES": "2",
         "CMASD_DRAFTER_FP32": "1",
     }
     proc = run(["bash", REPO / "data-prep" / "demo.sh"], env=env)
@@ -60,14 +63,18 @@ def test_demo_runs_every_stage_and_reports_time_memory_and_the_trace(small_data,
     with open(out / "stages.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert [(r["stage"], r["status"]) for r in rows] == [
-        ("data", "skipped"), ("verifier", "ran"), ("distill", "ran"), ("drafter", "ran"), ("bench", "ran"),
-        ("trace", "ran")]
+        ("data", "skipped"), ("verifier", "ran"), ("distill", "ran"), ("drafter", "ran"), ("draft-model", "ran"),
+        ("bench", "ran"), ("trace", "ran")]
     for row in rows[1:]:
         assert float(row["peak_rss_mb"]) > 50, row  # a python process with torch loaded
 
     bench = (out / "bench.md").read_text()
-    for name in ("greedy", "loop-greedy", "specdec-k5-exact"):
+    for name in ("greedy", "loop-greedy", "specdec-k5-exact", "ar-sl500"):
         assert f"`{name}`" in bench or f"| {name}" in bench, name
+    # the draft model's shortlist is ranked by the distilled targets' piece counts, kept beside it
+    counts = (out / "draft-model" / "piece-counts.txt").read_text().splitlines()
+    assert len(counts) > 100 and int(counts[0].split()[1]) >= int(counts[-1].split()[1]) >= 0
+    assert "| INFO | train | epoch 001 |" in (out / "logs" / "draft-model.log").read_text()
     html = (out / "trace.html").read_text()
     test_sources = (small_data / "raw" / "test.en").read_text().splitlines()
     assert all(source.split()[0] in html for source in test_sources[:2])

@@ -13,7 +13,8 @@ fairseq's warnings, errors and stopping messages pass through. ``count`` copies 
 ``--out`` and draws a progress bar of the lines that match ``--pattern`` (fairseq-generate's
 hypotheses) on stderr. ``run`` runs a command and writes the peak resident memory of its
 largest process (MB, from the kernel's accounting of waited-for descendants) to
-``--peak-file``; it exits with the command's status.
+``--peak-file``, or leaves the file's larger figure there (a stage of several commands keeps
+its largest); it exits with the command's status.
 """
 
 import argparse
@@ -113,14 +114,20 @@ def count_lines(lines: TextIO, out: TextIO, err: TextIO, pattern: str, total: in
 
 
 def run_measured(command, peak_file: str) -> int:
-    """Run ``command``; write its largest process's peak resident memory (MB) to ``peak_file``."""
+    """Run ``command``; write its largest process's peak resident memory (MB) to ``peak_file``
+    unless the file already holds a larger figure (an earlier command of the same stage)."""
     try:
         status = subprocess.call(command)
     except KeyboardInterrupt:
         status = 130
-    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+    try:
+        with open(peak_file) as f:
+            peak_mb = max(peak_mb, float(f.read().strip() or 0))
+    except (FileNotFoundError, ValueError):
+        pass
     with open(peak_file, "w") as f:
-        f.write(f"{peak_kb / 1024:.0f}\n")
+        f.write(f"{peak_mb:.0f}\n")
     return status
 
 
