@@ -24,6 +24,18 @@ Every input gets one output, in order: batches cover every sentence, an empty li
 decoded from the end-of-sentence token alone (with a warning), and a line longer than the
 model's source positions is cut to fit (with a warning), as ``fairseq-interactive`` under
 ``--task translation_speculative`` does.
+
+A language model (a checkpoint of fairseq's ``language_modeling`` task, e.g. a
+``transformer_lm``) loads the same way, on the ``language_modeling_speculative`` task, with
+its ``dict.txt``: ``sample(prompts)`` returns each prompt and its continuation, as fairseq's
+``TransformerLanguageModel.from_pretrained(...).sample`` does, and ``drafter_path`` names a
+draft language model with the same dictionary::
+
+    lm = from_pretrained("checkpoints/lm", drafter_path="checkpoints/draft-lm/checkpoint_best.pt", spec_k=4)
+    lm.sample(["the president said", "a man"], max_len_b=40)
+
+A prompt longer than the model's positions is continued from its last tokens (with a
+warning); an empty one from the start token alone (with a warning).
 """
 
 import dataclasses
@@ -37,15 +49,17 @@ from fairseq.hub_utils import GeneratorHubInterface
 from omegaconf import OmegaConf, open_dict
 
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
-from cmasd.compat import disable_encoder_fast_path
+from cmasd.compat import disable_encoder_fast_path, restore_numpy_compat_long
 from cmasd.decoding.stats import DecodeStats
 from cmasd.errors import MissingFileError, UsageError
 from cmasd.options import SpeculativeDecodingConfig
+from cmasd.training.language_model import LanguageModelingSpeculativeConfig, LanguageModelingSpeculativeTask
 from cmasd.training.task import TranslationSpeculativeConfig, TranslationSpeculativeTask
 
 SPECULATIVE_OPTIONS = frozenset(f.name for f in dataclasses.fields(SpeculativeDecodingConfig))
 GENERATION_OPTIONS = frozenset(f.name for f in dataclasses.fields(GenerationConfig))
 CHECKPOINT_NAMES = ("checkpoint_best.pt", "model.pt", "verifier.pt", "checkpoint_last.pt")
+LANGUAGE_MODEL_TASKS = ("language_modeling", "language_modeling_speculative")
 
 
 def from_pretrained(
@@ -66,19 +80,25 @@ def from_pretrained(
     every call."""
     allow_fairseq_checkpoints()
     disable_encoder_fast_path()  # stock fairseq 0.12.2 only
+    restore_numpy_compat_long()  # numpy >= 2: fairseq's language modelling datasets read numpy.compat.long
     checkpoint = find_checkpoint(model_name_or_path, checkpoint_file)
     data = data_name_or_path or os.path.dirname(checkpoint)
     speculative, generation = split_options(options)
     state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
     cfg = state["cfg"] if state.get("cfg") is not None else convert_namespace_to_omegaconf(state["args"])
+    language_model = cfg.task.get("_name") in LANGUAGE_MODEL_TASKS
     with open_dict(cfg):
-        cfg.task = task_config(cfg.task, data, speculative)
+        cfg.task = task_config(cfg.task, data, speculative, language_model)
         cfg.bpe = bpe_config(data, bpe)
         cfg.dataset.batch_size = batch_size
         cfg.dataset.max_tokens = None
         for key, value in generation.items():
             cfg.generation[key] = value
-    task = HubTask(cfg.task, *load_dictionaries(data, cfg.task.source_lang, cfg.task.target_lang))
+    if language_model:
+        dictionary = load_dictionary(data)
+        task = HubLanguageModelTask(cfg.task, dictionary, dictionary, targets=["future"])
+    else:
+        task = HubTask(cfg.task, *load_dictionaries(data, cfg.task.source_lang, cfg.task.target_lang))
     models, _ = checkpoint_utils.load_model_ensemble([checkpoint], task=task, state=state)
     return SpeculativeHubInterface(cfg, task, models)
 
@@ -109,15 +129,18 @@ def split_options(options: Dict[str, Any]):
     return speculative, {k: v for k, v in options.items() if k not in SPECULATIVE_OPTIONS}
 
 
-def task_config(trained, data: str, speculative: Dict[str, Any]):
-    """The ``translation_speculative`` config of a checkpoint trained with ``trained`` (the
-    translation task's config, or this task's), reading ``data``, with ``speculative``."""
-    cfg = OmegaConf.structured(TranslationSpeculativeConfig)
+def task_config(trained, data: str, speculative: Dict[str, Any], language_model: bool = False):
+    """The ``translation_speculative`` config (``language_modeling_speculative`` for a
+    ``language_model``) of a checkpoint trained with ``trained`` (the translation or
+    language modelling task's config, or the speculative one's), reading ``data``, with
+    ``speculative``."""
+    cfg = OmegaConf.structured(LanguageModelingSpeculativeConfig if language_model else TranslationSpeculativeConfig)
     for key in cfg:
         if key not in ("_name", "seed", "data") and key in trained and key not in SPECULATIVE_OPTIONS:
             cfg[key] = trained[key]
     cfg.data = data
-    cfg.drafter_cuts = 0  # decoding only
+    if not language_model:
+        cfg.drafter_cuts = 0  # decoding only
     for key, value in speculative.items():
         cfg[key] = value
     return cfg
@@ -157,10 +180,18 @@ def load_dictionaries(data: str, source_lang: Optional[str], target_lang: Option
     return dictionary, dictionary
 
 
-class HubTask(TranslationSpeculativeTask):
-    """The ``translation_speculative`` task behind the hub interface, built here (fairseq's
-    registry is not needed): a speculative generator returns each call's statistics instead
-    of logging the run's at exit, and the generator of the last call is kept for them."""
+def load_dictionary(data: str):
+    """A language model's dictionary: ``dict.txt`` in ``data``."""
+    path = os.path.join(data, "dict.txt")
+    if not os.path.isfile(path):
+        raise MissingFileError(f"{data}: no dictionary (dict.txt); name its directory with data_name_or_path=")
+    return LanguageModelingSpeculativeTask.load_dictionary(path)
+
+
+class HubGeneration:
+    """A speculative task behind the hub interface, built here (fairseq's registry is not
+    needed): a speculative generator returns each call's statistics instead of logging the
+    run's at exit, and the generator of the last call is kept for them."""
 
     log_stats = False
     generator = None
@@ -170,13 +201,21 @@ class HubTask(TranslationSpeculativeTask):
         return self.generator
 
 
+class HubTask(HubGeneration, TranslationSpeculativeTask):
+    """The ``translation_speculative`` task behind the hub interface."""
+
+
+class HubLanguageModelTask(HubGeneration, LanguageModelingSpeculativeTask):
+    """The ``language_modeling_speculative`` task behind the hub interface."""
+
+
 class SpeculativeHubInterface(GeneratorHubInterface):
     """fairseq's ``GeneratorHubInterface`` whose calls take cmasd's speculative options
     as keyword arguments, decode greedily by default (``beam=1``: what speculative
     decoding verifies) and keep the decoding statistics of the last call
     (``last_stats``: a ``DecodeStats``, None when fairseq's own generator ran)."""
 
-    def __init__(self, cfg, task: HubTask, models):
+    def __init__(self, cfg, task: HubGeneration, models):
         super().__init__(cfg, task, models)
         self.last_stats: Optional[DecodeStats] = None
 

@@ -191,21 +191,34 @@ def test_min_len_applies_after_the_prompts_as_fairseqs(lm_data, lm, draft_lm):
     assert_same_continuations(continuations(task, models, generator, tokens, 16), expected)
 
 
-@pytest.mark.parametrize("prompt,message", [
-    ([], "input(s) 1: empty prompt"),
-    (list(range(4, 4 + TOKENS_PER_SAMPLE)), f"input(s) 1 ({TOKENS_PER_SAMPLE} tokens): prompt longer than the "
-                                            f"{TOKENS_PER_SAMPLE - 1} tokens"),
-])
-def test_bad_prompts_are_refused_in_one_message(lm_data, lm, draft_lm, prompt, message):
-    """An empty prompt, and one the model's positions cannot hold after the start token:
-    a UsageError naming the input, not a traceback from inside the model."""
+def test_a_prompt_too_long_for_the_model_is_refused_in_one_message(lm_data, lm, draft_lm):
+    """A prompt the model's positions cannot hold after the start token, handed to the
+    generator: a UsageError naming the input, not a traceback from inside the model."""
     from cmasd.errors import UsageError
 
     task, models, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm)
     eos = task.source_dictionary.eos()
-    tokens = [prompts(lm_data, task.source_dictionary, 1)[0], torch.tensor(prompt + [eos], dtype=torch.long)]
+    long = torch.tensor(list(range(4, 4 + TOKENS_PER_SAMPLE)) + [eos], dtype=torch.long)
+    tokens = [prompts(lm_data, task.source_dictionary, 1)[0], long]
+    message = f"input(s) 1 ({TOKENS_PER_SAMPLE} tokens): prompt longer than the {TOKENS_PER_SAMPLE - 1} tokens"
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         continuations(task, models, generator, tokens, 2)
+
+
+def test_empty_prompts_are_continued_from_the_start_token_as_fairseqs(lm_data, lm, draft_lm, caplog):
+    """An empty prompt (an empty input line) in a batch of others, and a batch of empty
+    prompts alone: continued from the start token as fairseq's greedy continues them, with
+    a warning naming them."""
+    task, models, reference = lm_task(lm_data, lm)
+    eos = task.source_dictionary.eos()
+    tokens = prompts(lm_data, task.source_dictionary, 6)
+    tokens[2] = tokens[4] = torch.tensor([eos])
+    _, _, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm)
+    for bsz in (6, 1):
+        expected = continuations(task, models, reference, tokens, bsz)
+        with caplog.at_level("WARNING", logger="cmasd.decoding.generator"):
+            assert_same_continuations(continuations(task, models, generator, tokens, bsz), expected)
+    assert "empty prompt(s), sentence id(s) 2, 4: continued from the start token alone" in caplog.text
 
 
 def test_an_encoder_decoder_draft_model_is_refused_for_a_language_model(lm_data, lm):

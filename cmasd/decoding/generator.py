@@ -474,15 +474,15 @@ class SpeculativeGenerator:
 
 def check_prompts(prompts: Optional[Tensor], ids: Tensor, pad: int, max_positions: int) -> None:
     """Refuse, naming the inputs (sentence ``ids`` (B,)), a language model's batch whose
-    ``prompts`` (B, P) (pad after) are missing, or where a prompt is empty or longer than
-    the ``max_positions`` positions of the models hold after the start token."""
+    ``prompts`` (B, P) (pad after) are missing, or where a prompt is longer than the
+    ``max_positions`` positions of the models hold after the start token. An empty prompt
+    is continued from the start token alone, as fairseq continues it, with a warning."""
     if prompts is None:
         raise UsageError("a language model continues prompts, and none was given (fairseq's prefix_tokens)")
     lengths = prompts.ne(pad).sum(dim=1).tolist()  # (B,) on the host
     empty = [str(i) for i, n in zip(ids.tolist(), lengths) if n == 0]
     if empty:
-        raise UsageError(f"input(s) {', '.join(empty)}: empty prompt; a language model continues a prompt of at least "
-                         "one token")
+        logger.warning("empty prompt(s), sentence id(s) %s: continued from the start token alone", ", ".join(empty))
     room = max_positions - 1  # the start token takes a position
     long = [f"{i} ({n} tokens)" for i, n in zip(ids.tolist(), lengths) if n > room]
     if long:

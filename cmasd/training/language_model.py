@@ -11,15 +11,25 @@ or a lookup such as ``--spec-history-ngram``) ``build_generator`` returns
 and returns, as fairseq's generator does, the prompt and its continuation; without one,
 fairseq's own generator.
 
+Raw input lines (``fairseq-interactive``, the hub interface) get one output each, in order:
+batches cover every line (``CompleteBatches``), and a prompt longer than the model's
+positions is cut to its last tokens, with a warning (``fit_prompts``), where fairseq would
+stop the whole stream at it. An empty line is continued from the start token alone, as
+fairseq's generator continues it (the speculative generator warns).
+
 Registered in ``fairseq_plugins/tasks.py``; nothing is registered here.
 """
 
+import logging
 from dataclasses import dataclass
 
+import torch
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from cmasd.options import SpeculativeDecodingConfig
-from cmasd.training.task import SpeculativeGeneration
+from cmasd.training.task import CompleteBatches, SpeculativeGeneration
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,3 +44,45 @@ class LanguageModelingSpeculativeTask(SpeculativeGeneration, LanguageModelingTas
         super().__init__(args, dictionary, output_dictionary, targets)
         self.cfg = args  # fairseq's legacy task keeps its config as ``args``; ``SpeculativeGeneration`` reads ``cfg``
         self.drafters = {}
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, **kwargs):
+        """fairseq's dataset of raw prompts (``fairseq-interactive``, the hub interface),
+        which keeps them for ``fit_prompts``."""
+        dataset = super().build_dataset_for_inference(src_tokens, src_lengths, **kwargs)
+        dataset.raw_prompts = list(src_tokens)
+        return dataset
+
+    def fit_prompts(self, dataset, max_positions):
+        """``dataset`` of raw prompts with every prompt longer than the model's positions
+        cut to its last tokens, half the positions (the other half left for its
+        continuation), with a warning naming it: fairseq would stop the whole stream at
+        such a line, losing the lines after it."""
+        limit = max_positions[0] if isinstance(max_positions, tuple) else max_positions
+        prompts = dataset.raw_prompts  # each as the dictionary encodes a line: eos last
+        if limit is None or all(len(p) <= limit for p in prompts):
+            return dataset
+        eos = self.source_dictionary.eos()
+        keep = max(1, limit // 2)
+        for i, prompt in enumerate(prompts):
+            if len(prompt) > limit:
+                ending = prompt[-1:] if prompt[-1] == eos else prompt[:0]
+                text = prompt[: len(prompt) - len(ending)]
+                logger.warning(
+                    "input %d (%s ...): a prompt of %d tokens, more than the %d the model's %d positions hold after "
+                    "the start token: continuing its last %d tokens", i, self.source_dictionary.string(text[:8]),
+                    len(text), limit - 1, limit, keep)
+                prompts[i] = torch.cat([text[-keep:], ending])
+        return self.build_dataset_for_inference(prompts, [len(p) for p in prompts])
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, **kwargs):
+        """fairseq's batch iterator; over raw prompts, batches cover every line
+        (``CompleteBatches``) and prompts too long for the model are cut to fit
+        (``fit_prompts``) unless ``--skip-invalid-size-inputs-valid-test`` skips them."""
+        if hasattr(dataset, "raw_prompts"):  # used once: not kept
+            if max_positions is not None and not ignore_invalid_inputs:
+                dataset = self.fit_prompts(dataset, max_positions)
+            dataset = CompleteBatches(dataset)
+        return super().get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=max_sentences,
+                                          max_positions=max_positions, ignore_invalid_inputs=ignore_invalid_inputs,
+                                          **kwargs)
