@@ -221,6 +221,22 @@ def test_empty_prompts_are_continued_from_the_start_token_as_fairseqs(lm_data, l
     assert "empty prompt(s), sentence id(s) 2, 4: continued from the start token alone" in caplog.text
 
 
+def test_a_prompt_with_an_eos_inside_ends_there_as_fairseqs(lm_data, lm, draft_lm):
+    """A prompt of two lines (an eos inside, as fairseq-generate reads blocks of several
+    lines): fairseq forces the eos and ends the hypothesis there; so does the loop, at
+    batch 1 and beside other prompts."""
+    task, models, reference = lm_task(lm_data, lm)
+    eos = task.source_dictionary.eos()
+    tokens = prompts(lm_data, task.source_dictionary, 5)
+    tokens[1] = torch.cat([tokens[1][:-1], torch.tensor([eos]), tokens[3]])
+    tokens[3] = torch.cat([tokens[0][:-1], torch.tensor([eos, eos])])  # ends with eos twice: once forced
+    _, _, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm)
+    for bsz in (5, 1):
+        expected = continuations(task, models, reference, tokens, bsz)
+        assert expected[1][0][-1] == eos and expected[1][0].numel() < tokens[1].numel()  # it ended at the eos
+        assert_same_continuations(continuations(task, models, generator, tokens, bsz), expected)
+
+
 def test_an_encoder_decoder_draft_model_is_refused_for_a_language_model(lm_data, lm):
     """A drafter must read what its verifier reads: an encoder-decoder model cannot draft for
     a language model (refused in one message naming --drafter-path)."""

@@ -225,12 +225,16 @@ class SpeculativeGenerator:
         prompts = None if prefix_tokens is None else prefix_tokens[:, :max_len]  # (B, P)
         if self.encode is None:
             check_prompts(prefix_tokens, ids, self.pad, self.rules.max_positions)
+            prompts = ended_at_eos(prompts, self.eos, self.pad)
             source = Source(prompts, prompts.ne(self.pad).sum(dim=1), None)
         else:
             self.warn_empty_sources(sample)
             source = Source(src_tokens, net_input["src_lengths"], self.encode(net_input))
         state = self.start(source, ids, capacity, expected, prompts, bos_token)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
+        if prompts is not None and prompts.eq(self.eos).any():  # fairseq ends a row at an eos it forces
+            last = state.tokens.gather(1, (state.lengths - 1)[:, None]).squeeze(1)  # (B,)
+            state = self.retire(state, last.eq(self.eos) & state.lengths.gt(1), finished)
         while state.rows.numel() > 0:
             state, done = self.step(state, max_len, stats)
             t0 = now(state.tokens)
@@ -470,6 +474,17 @@ class SpeculativeGenerator:
             "positional_scores": positional.clone(),
             "steps": steps,
         }
+
+
+def ended_at_eos(prompts: Tensor, eos: int, pad: int) -> Tensor:
+    """``prompts`` (B, P) with pad after each row's first eos: fairseq forces a prompt
+    token by token and ends the row's hypothesis at a forced eos (a prompt of several
+    lines, as ``fairseq-generate`` reads a split of blocks), so the row ends there."""
+    hit = prompts.eq(eos)
+    if not hit.any():
+        return prompts
+    after = (hit.long().cumsum(dim=1) - hit.long()) > 0  # (B, P) past the first eos
+    return prompts.masked_fill(after, pad)
 
 
 def check_prompts(prompts: Optional[Tensor], ids: Tensor, pad: int, max_positions: int) -> None:
