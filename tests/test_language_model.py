@@ -313,3 +313,21 @@ def test_speculative_sampling_continues_a_prompt_as_the_verifier_samples(lm_data
     together = continuations(task, models, generator, [prompt] * 16, 16)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, together))
     assert len({tuple(a[0].tolist()) for a in alone}) > 1  # different ids, different samples
+
+
+@pytest.mark.parametrize("rule", [["--spec-lenience", "0.3"], ["--ears-beta", "0.1"]], ids=["lenience", "ears"])
+def test_lenient_sampling_rules_run_on_a_language_model(lm_data, lm, draft_lm, rule):
+    """Lenience (seed 001) and EARS (seed 004) on the rejection rule, with the draft LM:
+    each copy of a prompt gets the same continuation at batch 1 as at batch 7 (its uniforms
+    are its sentence id's), and over the same copies the lenient rule accepts a larger share
+    of its drafts than the strict one."""
+    options = ["--drafter-path", draft_lm, "--spec-k", "4", "--sampling", "--spec-acceptance", "rejection"]
+    task, models, strict = lm_task(lm_data, lm, *options)
+    _, _, lenient = lm_task(lm_data, lm, *options, *rule)
+    tokens = [prompts(lm_data, task.source_dictionary)[2]] * 28
+    alone = continuations(task, models, lenient, tokens, 1)
+    together = continuations(task, models, lenient, tokens, 7)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, together))
+    continuations(task, models, strict, tokens, 7)
+    rates = [s.accepted / s.drafted for s in (lenient.stats, strict.stats)]
+    assert rates[0] > rates[1] > 0, rates
