@@ -77,6 +77,16 @@ def draft_lm(lm_data, artifacts):
     return artifacts.get("draft-lm", lambda save: train_lm(lm_data, save, TINIER_LM, 60)) / "checkpoint_last.pt"
 
 
+def train_heads(data, verifier, save, arch, *options):
+    """Heads on the frozen verifier LM, trained through ``fairseq-train --task
+    language_modeling_speculative`` (its next-token targets) for a few updates."""
+    run([BIN / "fairseq-train", data / "bin", "--user-dir", PLUGINS, "--task", "language_modeling_speculative",
+         "--arch", arch, "--verifier-path", verifier, "--criterion", f"{arch}_loss", *options,
+         "--tokens-per-sample", str(TOKENS_PER_SAMPLE), "--sample-break-mode", "eos", "--optimizer", "adam",
+         "--lr", "3e-3", "--max-tokens", "2048", "--max-update", "40", "--seed", "1", "--save-dir", save,
+         "--no-epoch-checkpoints", "--no-progress-bar", "--cpu", "--num-workers", "0", "--disable-validation"])
+
+
 def lm_task(data, verifier, *options):
     """The ``language_modeling_speculative`` task of fairseq-generate's ``options``, its
     verifier and its generator (fairseq's own without a drafter)."""
@@ -166,6 +176,26 @@ def test_other_controllers_stay_lossless(lm_data, lm, draft_lm, fairseq_greedy, 
                                       "--spec-k", "4", "--spec-k-max", "8")
     got = continuations(task, models, generator, prompts(lm_data, task.source_dictionary), 7)
     assert_same_continuations(got, fairseq_greedy[7])
+
+
+HEADS = {
+    "specbound": ("exit_heads", [], ["--drafter-kind", "specbound", "--specbound-tau", "0.3"]),
+    "blockwise": ("blockwise_heads", ["--blockwise-k", "4", "--blockwise-ffn-dim", "64"],
+                  ["--drafter-kind", "blockwise", "--spec-k", "3"]),
+}
+
+
+@pytest.mark.parametrize("kind", HEADS)
+def test_heads_trained_on_a_language_model_draft_losslessly(lm_data, lm, fairseq_greedy, artifacts, kind):
+    """SpecBound's exit heads and blockwise decoding's heads train on the verifier LM
+    through fairseq-train (``--task language_modeling_speculative``), load without it, and
+    draft continuations that stay fairseq's at batch 7."""
+    arch, train_options, decode_options = HEADS[kind]
+    heads = artifacts.get(f"lm-{arch}", lambda save: train_heads(lm_data, lm, save, arch, *train_options))
+    task, models, generator = lm_task(lm_data, lm, *decode_options, "--drafter-path", heads / "checkpoint_last.pt")
+    got = continuations(task, models, generator, prompts(lm_data, task.source_dictionary), 7)
+    assert_same_continuations(got, fairseq_greedy[7])
+    assert generator.stats.accepted > 0
 
 
 def test_prompts_cut_by_the_maximum_length_end_as_fairseqs(lm_data, lm, draft_lm):

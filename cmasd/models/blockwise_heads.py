@@ -55,7 +55,7 @@ class BlockwiseHeadsModel(HeadsOfVerifier):
         """Head ``head`` (2 .. k) on the output projection's input x (..., C): (..., C)."""
         return x + self.down[head - 2](torch.relu(self.up[head - 2](x)))
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs) -> Tuple[List[Tensor], Tensor]:
+    def forward(self, src_tokens, src_lengths=None, prev_output_tokens=None, **kwargs) -> Tuple[List[Tensor], Tensor]:
         """Teacher-forced logits of heads 2 .. k (k - 1 of (B, T, V)) and the verifier's (B, T, V)."""
         x, _ = self.teacher_forced(src_tokens, src_lengths, prev_output_tokens)  # (B, T, C)
         decoder = self.verifier.decoder

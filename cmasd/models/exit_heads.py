@@ -65,7 +65,7 @@ class ExitHeadsModel(HeadsOfVerifier):
             x = self.adapters[layer - 1](x)
         return x
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs) -> Tuple[List[Tensor], Tensor]:
+    def forward(self, src_tokens, src_lengths=None, prev_output_tokens=None, **kwargs) -> Tuple[List[Tensor], Tensor]:
         """Teacher-forced: every head's logits (L - 1 of (B, T, V)) and the verifier's own (B, T, V)."""
         features, extra = self.teacher_forced(src_tokens, src_lengths, prev_output_tokens)
         decoder = self.verifier.decoder

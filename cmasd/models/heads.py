@@ -13,7 +13,7 @@ verifier file and decoding refuses a verifier they were not trained for
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from fairseq.dataclass import FairseqDataclass
@@ -54,6 +54,7 @@ class HeadsOfVerifier(BaseFairseqModel):
     saved as ``verifier_shape``) and builds itself in ``__init__(cfg, shape, verifier)``."""
 
     recipe = ""
+    supported_targets = ("future",)  # fairseq's language_modeling task checks its targets against these
 
     def __init__(self, cfg: HeadsConfig, verifier=None):
         super().__init__()
@@ -100,13 +101,20 @@ class HeadsOfVerifier(BaseFairseqModel):
         """Nothing to check here: the verifier's fingerprint (``check_verifier``) covers its
         embeddings, and so its dictionary."""
 
-    def teacher_forced(self, src_tokens: Tensor, src_lengths: Tensor, prev_output_tokens: Tensor) -> Tuple[Tensor, Dict]:
+    def teacher_forced(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None,
+                       prev_output_tokens: Optional[Tensor] = None) -> Tuple[Tensor, Dict]:
         """The frozen verifier's decoder features (what its output projection reads) (B, T, C)
-        and fairseq's extra outputs (``inner_states``: every layer's states, (T, B, C) each)."""
+        and fairseq's extra outputs (``inner_states``: every layer's states, (T, B, C) each).
+        A language model's batch has no ``prev_output_tokens``: its decoder reads
+        ``src_tokens`` (fairseq's ``language_modeling`` samples)."""
         verifier = self.verifier
         if next(verifier.parameters()).device != src_tokens.device:
             verifier.to(src_tokens.device)
         with torch.no_grad():
+            if prev_output_tokens is None:
+                if getattr(verifier, "encoder", None) is not None:
+                    raise ValueError("an encoder-decoder verifier's heads train on batches with prev_output_tokens")
+                return verifier.decoder.extract_features(src_tokens, encoder_out=None)
             encoder_out = verifier.encoder(src_tokens, src_lengths=src_lengths)
             return verifier.decoder.extract_features(prev_output_tokens, encoder_out=encoder_out)
 

@@ -179,6 +179,17 @@ class SpeculativeGeneration:
         return build_speculative_generator(models, drafter, self, args, self.cfg, log_stats=self.log_stats,
                                            seed=self.cfg.seed)
 
+    def build_model(self, cfg, from_checkpoint=False):
+        """fairseq builds dataclass models from a merged *copy* of ``cfg``; heads on a
+        frozen verifier (``cmasd.models.heads``) record its fingerprint and shape in that
+        copy while building, copied back here into ``cfg``, the object fairseq-train saves
+        in checkpoints, so that trained heads load without the verifier file."""
+        model = super().build_model(cfg, from_checkpoint)
+        if isinstance(model, HeadsOfVerifier) and not cfg.verifier_fingerprint:
+            cfg.verifier_fingerprint = model.cfg.verifier_fingerprint
+            cfg.verifier_shape = model.cfg.verifier_shape
+        return model
+
 
 class TranslationSpeculativeTask(SpeculativeGeneration, TranslationTask):
     """Translation with Spec-Drafter training data and speculative generation."""
@@ -248,13 +259,11 @@ class TranslationSpeculativeTask(SpeculativeGeneration, TranslationTask):
         """fairseq builds dataclass models from a merged *copy* of ``cfg``; a drafter
         records the verifier's architecture in that copy while building, and it is
         copied back here into ``cfg``, the object fairseq-train saves in checkpoints,
-        so that a trained drafter loads without its verifier file."""
+        so that a trained drafter loads without its verifier file (the heads':
+        ``SpeculativeGeneration.build_model``)."""
         model = super().build_model(cfg, from_checkpoint)
         if isinstance(model, DrafterOfVerifier) and not cfg.verifier_arch:
             cfg.verifier_arch = model.drafter_cfg.verifier_arch
-        if isinstance(model, HeadsOfVerifier) and not cfg.verifier_fingerprint:  # likewise the heads'
-            cfg.verifier_fingerprint = model.cfg.verifier_fingerprint
-            cfg.verifier_shape = model.cfg.verifier_shape
         return model
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
