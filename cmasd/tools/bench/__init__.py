@@ -10,7 +10,7 @@ decoders on one data split, measured the same way in one process.
 
 What it does, in order:
 
-1. loads the verifier (a fairseq ``translation`` checkpoint; for the ct2 rows also its
+1. loads the verifier (a fairseq ``translation`` checkpoint, or a language model: below; for the ct2 rows also its
    CTranslate2 conversion, cached, see ``ct2``), the drafters the
    configurations draft with (``--drafter-path``: the Spec-Drafter; ``--ar-drafter-path``:
    an autoregressive draft model) and the split once, and builds every batch of every batch size up front, so data
@@ -44,6 +44,30 @@ rejection``, beam search and CTranslate2 rows are refused; recorded pass i uses 
 ``--seeds`` (default 1 .. ``--repeats``; torch's global seed for fairseq's sampler, the
 per-sentence seed of the speculative ones), and the quality columns are the mean over
 the passes with ``quality_std`` their spread.
+
+A language model (a ``transformer_lm`` checkpoint of fairseq's ``language_modeling`` task or
+``language_modeling_speculative``; any verifier without an encoder) is measured on prompts:
+
+    cmasd-bench DATA --path LM.pt --ar-drafter-path DRAFT_LM.pt [--prompt-tokens 16] \
+        [--continuation-tokens L] [--gen-subset test] [--max-sentences N] ...
+
+each prompt is the first ``--prompt-tokens`` tokens of a line of the split (lines of at most
+that many tokens are skipped, and counted in the report; ``--max-sentences`` counts
+prompts), handed to every decoder as fairseq's ``LanguageModelingTask.inference_step``
+hands them (``prefix_tokens``, ``bos_token``). A continuation ends at its eos or at
+fairseq's length limit, which counts the prompt (``--max-len-a/b``); ``--continuation-tokens
+L`` makes every one L tokens long (``--max-len-b`` and ``--min-len`` = prompt + L). The
+rows: fairseq's (greedy is the reference), ``ct2-greedy`` (CTranslate2's ``Generator``,
+see ``ct2``), ``loop-greedy``, and the speculative rows of every drafter but the
+Spec-Drafter: the draft language model (``--ar-drafter-path``: the ``ar-*`` and
+``goodput-ar`` rows), lookups (``history-k8-exact``: prompt lookup), SpecBound's exits and
+blockwise heads trained on the language model (``--exit-heads-path``,
+``--blockwise-heads-path``); a row of the Spec-Drafter, which reads an encoder's output,
+is refused in one line. No BLEU: tokens, tokens per second and the share of prompts
+continued exactly as fairseq's greedy search continues them (``exact %``) count the
+continuations alone; a lossless row (exact acceptance) that differs is flagged under the
+table and in ``bench.json`` (``lossless_warnings``), as it is for a translation model.
+``--sweep-gamma`` works as for translation.
 
 Configurations are named in ``CONFIGS`` (``--configs help`` lists them) or defined on
 the command line as ``NAME:KEY=VALUE;KEY=VALUE``, KEY a ``SpeculativeDecodingConfig``

@@ -17,13 +17,16 @@ from cmasd.tools.bench.configs import (
     CONFIGS,
     CTRANSLATE2,
     DEFAULT_CONFIGS,
+    DEFAULT_LM_CONFIGS,
     DEFAULT_SAMPLING_CONFIGS,
     DRAFTER_OPTIONS,
     BenchConfig,
     BenchError,
     distinct_positive_ints,
     parse_assignments,
+    refuse_language_model_misfits,
     resolve_configs,
+    spec_options,
 )
 from cmasd.tools.bench.loading import (
     Setup,
@@ -32,7 +35,9 @@ from cmasd.tools.bench.loading import (
     choose_device,
     config_record,
     drafter_paths,
+    is_language_model,
     load_setup,
+    load_verifier,
 )
 from cmasd.tools.bench.measure import measure_all
 from cmasd.tools.bench.sweep import expand, parse_gammas, summarize, summary_table
@@ -40,6 +45,7 @@ from cmasd.tools.bench.report import (
     columns,
     device_name,
     environment,
+    lossless_warnings,
     make_rows,
     markdown_table,
     plot_latency_throughput,
@@ -54,6 +60,7 @@ from cmasd.tools.bench.scoring import (
 )
 
 PROG = "cmasd-bench"
+PROMPT_TOKENS = 16  # --prompt-tokens' default: a language model's prompts
 logger = logging.getLogger("cmasd.bench")
 
 # --------------------------------------------------------------------------- command line
@@ -91,7 +98,8 @@ def fail(prog: str, message: str) -> typing.NoReturn:
 def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     """Options shared by cmasd-bench and cmasd-tune."""
     parser.add_argument("data", metavar="DATA", help="fairseq data-bin directory (dict.*.txt, binarized splits)")
-    parser.add_argument("--path", required=True, help="verifier checkpoint (fairseq translation model)")
+    parser.add_argument("--path", required=True, help="verifier checkpoint (fairseq translation model, or a language "
+                        "model: see --prompt-tokens)")
     for kind in DRAFTER_KINDS.values():  # each drafter kind's checkpoint, as the kind declares it
         if kind.checkpoint_option:
             parser.add_argument(kind.checkpoint_option, help=kind.checkpoint_help)
@@ -135,6 +143,16 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     rules.add_argument("--lenpen", type=float, default=1.0, help="fairseq's --lenpen (default: 1)")
     rules.add_argument("--no-repeat-ngram-size", type=int, default=0,
                        help="fairseq's --no-repeat-ngram-size, applied as fairseq documents it (default: 0, off)")
+    lm = parser.add_argument_group(
+        "language models (a verifier of fairseq's language_modeling task, or without encoder: prompts from the split, "
+        "continuations compared with fairseq's greedy ones token for token, no BLEU)")
+    lm.add_argument("--prompt-tokens", type=int, metavar="N",
+                    help=f"each prompt is the first N tokens of a line of the split; lines of at most N tokens are "
+                    f"skipped, and --max-sentences counts prompts (default: {PROMPT_TOKENS})")
+    lm.add_argument("--continuation-tokens", type=int, metavar="L",
+                    help="continue every prompt by exactly L tokens, then eos: sets fairseq's --max-len-b and "
+                    "--min-len to N + L, as fairseq's length rules count the prompt (default: each continuation ends "
+                    "at its eos, or at --max-len-a/b)")
     parser.add_argument("--seeds", help="with --sampling: comma-separated seeds, one recorded pass each (default: "
                         "1 .. --repeats)")
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", nargs="+", action="extend", default=[],
@@ -192,8 +210,58 @@ def check_args(args) -> None:
         raise BenchError(f"--spm-model: file not found: {args.spm_model}")
     if args.seeds is not None and not args.sampling:
         raise BenchError("--seeds: applies to --sampling (greedy decoding draws nothing)")
+    for option, value in (("--prompt-tokens", args.prompt_tokens), ("--continuation-tokens", args.continuation_tokens)):
+        if value is not None and value < 1:
+            raise BenchError(f"{option} {value}: must be >= 1")
+    if args.continuation_tokens is not None and rule_options(args).keys() & {"max_len_a", "max_len_b", "min_len"}:
+        raise BenchError("--continuation-tokens sets fairseq's --max-len-b and --min-len: leave them and --max-len-a "
+                         "at their defaults")
     sampling_options(args)
     parse_seeds(args)
+
+
+# what a language model's bench reads no option of (the references, the languages, detokenizing)
+NOT_FOR_LM = (("--source-lang", "source_lang"), ("--target-lang", "target_lang"), ("--references", "references"),
+              ("--spm-model", "spm_model"))
+
+
+def check_language_model(args, model, configs: Sequence[BenchConfig]) -> None:
+    """The options and configurations of a language model's bench, checked; its prompt
+    length defaulted and ``--continuation-tokens`` made fairseq's length rules."""
+    given = [option for option, dest in NOT_FOR_LM if getattr(args, dest) is not None]
+    if args.metric != "bleu":
+        given.append(f"--metric {args.metric}")
+    if given:
+        raise BenchError(f"{', '.join(given)}: {args.path} is a language model, whose continuations are compared with "
+                         "fairseq greedy's token for token (no references, languages or detokenizer)")
+    if args.drafter_path is not None:
+        raise BenchError("--drafter-path gives a Spec-Drafter, which a language model cannot draft with: give the "
+                         "draft language model with --ar-drafter-path (the ar-* rows)")
+    refuse_language_model_misfits(configs, parse_assignments(args.overrides))
+    if args.prompt_tokens is None:
+        args.prompt_tokens = PROMPT_TOKENS
+    n, room = args.prompt_tokens, model.max_decoder_positions() - 1  # tokens after the start token
+    if n >= room:
+        raise BenchError(f"--prompt-tokens {n}: the model's {room + 1} positions hold the start token and at most "
+                         f"{room} tokens, prompt and continuation; give at most {room - 1}")
+    if args.continuation_tokens is not None:
+        if n + args.continuation_tokens > room:
+            raise BenchError(f"--continuation-tokens {args.continuation_tokens}: {n} prompt tokens and "
+                             f"{args.continuation_tokens} more exceed the {room} tokens the model's {room + 1} "
+                             f"positions hold after the start token; give at most {room - n}")
+        args.max_len_b = args.min_len = n + args.continuation_tokens
+    elif min(int(args.max_len_a * (n + 1) + args.max_len_b), room) <= n:
+        raise BenchError(f"--max-len-b {args.max_len_b}: fairseq's maximum length counts a language model's prompt, "
+                         f"and {n} prompt tokens leave no room for a continuation (or give --continuation-tokens)")
+
+
+def refuse_language_model_options(args) -> None:
+    """A translation model's bench: the language models' options are refused."""
+    given = [option for option, value in (("--prompt-tokens", args.prompt_tokens),
+                                          ("--continuation-tokens", args.continuation_tokens)) if value is not None]
+    if given:
+        raise BenchError(f"{', '.join(given)}: for a language model; {args.path} is an encoder-decoder model, "
+                         "which decodes the split's source sentences")
 
 
 def rule_options(args) -> Dict[str, Any]:
@@ -256,13 +324,14 @@ def sampling_configs(configs: Sequence[BenchConfig]) -> None:
 
 @dataclass
 class Bench:
-    """A loaded setup with its text tools and references, ready to measure."""
+    """A loaded setup with its text tools and references (a language model's: none),
+    ready to measure."""
 
     setup: Setup
-    text: TextTools
-    refs: References
+    text: Optional[TextTools]
+    refs: Optional[References]
     spm_path: Optional[str]
-    refs_path: str
+    refs_path: Optional[str]
 
 
 def drafter_roles(configs: Sequence[BenchConfig]) -> List[str]:
@@ -270,15 +339,26 @@ def drafter_roles(configs: Sequence[BenchConfig]) -> List[str]:
     return sorted({c.drafter for c in configs if c.speculative and c.drafter in DRAFTER_OPTIONS})
 
 
-def prepare(args, configs: Sequence[BenchConfig]) -> Bench:
-    """Check, load the models and the split, and read the references."""
-    check_args(args)
+def prepare(args, configs: Sequence[BenchConfig], verifier: Optional[Tuple[Any, Any]] = None) -> Bench:
+    """Check, load the models and the split (a language model's prompts), and read the
+    references. ``verifier``: the model and task ``load_verifier`` loaded (after ``check_args``)."""
+    if verifier is None:
+        check_args(args)
+        verifier = load_verifier(args)
+    language_model = is_language_model(*verifier)
+    if language_model:
+        check_language_model(args, verifier[0], configs)
+    else:
+        refuse_language_model_options(args)
     paths = drafter_paths(args)
     for role in drafter_roles(configs):
         if role not in paths:
             users = ", ".join(c.name for c in configs if c.speculative and c.drafter == role)
             raise BenchError(f"{DRAFTER_OPTIONS[role]} is required by the configurations {users}")
-    setup = load_setup(args, drafter_roles(configs), ct2=any(c.kind == CTRANSLATE2 for c in configs))
+    setup = load_setup(args, drafter_roles(configs), ct2=any(c.kind == CTRANSLATE2 for c in configs), verifier=verifier)
+    if language_model:
+        logger.info(setup.prompts.describe(args.gen_subset))
+        return Bench(setup, None, None, None, None)
     tgt_lang = setup.task.cfg.target_lang
     refs_path = references_path(args, tgt_lang)
     refs = read_references(refs_path, setup.split_size)
@@ -298,7 +378,9 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
     os.makedirs(args.out_dir, exist_ok=True)
     m = measure_all(bench.setup, generators, batches, args.warmup, args.repeats, args.warmup_batches, seeds,
                     journal=os.path.join(args.out_dir, "runs.jsonl"))
-    return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()})
+    lossless = [] if args.sampling else [c.name for c in configs if c.speculative
+                                         and spec_options(c, global_overrides, paths).spec_acceptance == "exact"]
+    return make_rows(configs, m, bench.text, bench.refs, {bs: len(b) for bs, b in batches.items()}, lossless)
 
 
 def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes: Sequence[int],
@@ -330,10 +412,12 @@ def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_
 
 def report_record(args, bench: Bench, configs, global_overrides, rows, extra=None) -> Dict[str, Any]:
     record = environment(args, bench.setup)
+    metric = None if bench.text is None else bench.text.metric
+    detokenizer = f"sentencepiece {bench.spm_path}" if bench.spm_path else "fairseq post_process sentencepiece"
     record.update({
-        "metric": args.metric,
-        "references": os.path.abspath(bench.refs_path),
-        "detokenizer": f"sentencepiece {bench.spm_path}" if bench.spm_path else "fairseq post_process sentencepiece",
+        "metric": metric,
+        "references": None if bench.refs_path is None else os.path.abspath(bench.refs_path),
+        "detokenizer": None if bench.text is None else detokenizer,
         "repeats": args.repeats,
         "sampling": sampling_options(args) or None,
         "seeds": parse_seeds(args),
@@ -343,22 +427,26 @@ def report_record(args, bench: Bench, configs, global_overrides, rows, extra=Non
         "configs": {c.name: config_record(c, global_overrides, drafter_paths(args),
                                            {**rule_options(args), **sampling_options(args)})
                     for c in configs},
-        "columns": columns(args.metric),
+        "columns": columns(metric),
         "rows": rows,
     })
     record.update(extra or {})
     return record
 
 
-def sampling_note(args) -> List[str]:
-    """The line under the table that says what a sampled table's rows mean."""
+def sampling_note(args, scored: bool = True) -> List[str]:
+    """The line under the table that says what a sampled table's rows mean (``scored``:
+    with quality columns; a language model's table has none)."""
     if not args.sampling:
         return []
     options = sampling_options(args)
+    seeds = ", ".join(map(str, parse_seeds(args)))
+    spread = (f"quality is mean ± standard deviation over the seeds {seeds}, one recorded pass each" if scored else
+              f"exact % compares the pass of seed {parse_seeds(args)[0]} with fairseq's (seeds {seeds}, one recorded "
+              "pass each)")
     return [f"Sampling (temperature {options['temperature']:g}, top-k {options['sampling_topk']}, top-p "
             f"{options['sampling_topp']:g}): the greedy row is fairseq's SequenceGenerator sampling with --beam 1 and "
-            f"× greedy the speed-up over it; quality is mean ± standard deviation over the seeds "
-            f"{', '.join(map(str, parse_seeds(args)))}, one recorded pass each."]
+            f"× greedy the speed-up over it; {spread}."]
 
 
 def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device) -> Tuple[List[BenchConfig], List[str]]:
@@ -379,15 +467,25 @@ def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device
     return [c for c in configs if c.kind != CTRANSLATE2], skipped
 
 
+def default_configs(args, verifier) -> str:
+    """The configurations measured without --configs, for the verifier (model, task)."""
+    if is_language_model(*verifier):
+        return DEFAULT_LM_CONFIGS
+    return DEFAULT_SAMPLING_CONFIGS if args.sampling else DEFAULT_CONFIGS
+
+
 def main(args) -> None:
-    default = DEFAULT_SAMPLING_CONFIGS if args.sampling else DEFAULT_CONFIGS
-    configs, skipped = without_missing_engines(resolve_configs(args.configs or default), choose_device(args))
-    if args.sampling:
-        sampling_configs(configs)
+    named = resolve_configs(args.configs) if args.configs else None  # a misspelt name fails before anything loads
     batch_sizes = parse_batch_sizes(args.batch_sizes)
     gammas = parse_gammas(args.sweep_gamma) if args.sweep_gamma else None
     global_overrides = parse_assignments(args.overrides)
-    bench = prepare(args, configs)
+    check_args(args)
+    verifier = load_verifier(args)  # the default configurations depend on it
+    configs, skipped = without_missing_engines(named or resolve_configs(default_configs(args, verifier)),
+                                               choose_device(args))
+    if args.sampling:
+        sampling_configs(configs)
+    bench = prepare(args, configs, verifier)
     sweep = None
     if gammas is not None:
         sweep = expand(configs, gammas, bench.setup, global_overrides, drafter_paths(args))
@@ -400,10 +498,16 @@ def main(args) -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     summary = None if sweep is None else summarize(sweep, rows)
     swept = [] if sweep is None else [summary_table(summary)] + sweep.notes
-    table = "\n\n".join([markdown_table(rows, args.metric)] + sampling_note(args) + skipped + swept)
+    prompts = [] if bench.setup.prompts is None else [bench.setup.prompts.describe(args.gen_subset)]
+    warnings = lossless_warnings(rows)
+    for warning in warnings:
+        logger.warning(warning)
+    metric = None if bench.text is None else args.metric
+    table = "\n\n".join([markdown_table(rows, metric)] + warnings + prompts + sampling_note(args, metric is not None)
+                          + skipped + swept)
     with open(os.path.join(args.out_dir, "bench.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
-    extra = {"batch_sizes": batch_sizes, "skipped": skipped}
+    extra = {"batch_sizes": batch_sizes, "skipped": skipped, "lossless_warnings": warnings}
     if sweep is not None:
         extra["sweep"] = {"gammas": sweep.gammas, "reference": sweep.reference, "runs": sweep.runs,
                           "notes": sweep.notes, "summary": summary}

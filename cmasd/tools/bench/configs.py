@@ -292,6 +292,46 @@ DEFAULT_CONFIGS = (
 # With --sampling: fairseq's sampling (the greedy row), the loop alone and the Spec-Drafter's rows.
 DEFAULT_SAMPLING_CONFIGS = "greedy,loop-sample,spec-sample-k4,spec-sample-k4-l05,spec-sample-k4-ears"
 
+# A language model (a decoder-only verifier: ``transformer_lm``) has no source to encode: every
+# drafter but the Spec-Drafter, which reads an encoder's output, drafts for it (the draft model: a
+# smaller language model, --ar-drafter-path; SpecBound's exits and blockwise heads on the language
+# model; the lookups).
+NOT_FOR_LM = {"spec": "the Spec-Drafter, which reads an encoder's output"}  # drafter role or kind -> why not
+# With a language model: fairseq's greedy, CTranslate2's, the loop alone, the draft model at two
+# gammas, prompt lookup (history drafts) alone and in front of the draft model, two controllers.
+DEFAULT_LM_CONFIGS = ("greedy,ct2-greedy,loop-greedy,ar-g2-exact,ar-g4-exact,ar-g4-exact-history,history-k8-exact,"
+                      "goodput-ar,ar-gammatune-exact")
+
+
+def language_model_misfits(configs: Sequence[BenchConfig], global_overrides: Mapping[str, Any]) -> Dict[str, str]:
+    """The configurations of ``configs`` that cannot decode a language model: name -> what
+    they draft with (``NOT_FOR_LM``)."""
+    out: Dict[str, str] = {}
+    for config in configs:
+        if not config.speculative:
+            continue
+        kind = {**global_overrides, **config.overrides}.get("drafter_kind")
+        for misfit in (config.drafter, kind):
+            if misfit in NOT_FOR_LM:
+                out[config.name] = NOT_FOR_LM[misfit]
+    return out
+
+
+def refuse_language_model_misfits(configs: Sequence[BenchConfig], global_overrides: Mapping[str, Any]) -> None:
+    """One error naming every configuration of ``configs`` a language model cannot run."""
+    misfits = language_model_misfits(configs, global_overrides)
+    if not misfits:
+        return
+    by_drafter: Dict[str, List[str]] = {}
+    for name, drafter in misfits.items():
+        by_drafter.setdefault(drafter, []).append(name)
+    named = "; ".join(f"{', '.join(names)} draft with {drafter}" for drafter, names in by_drafter.items())
+    raise BenchError(f"the verifier is a language model (no encoder): {named}; leave them out of --configs (with a "
+                     f"language model: fairseq's rows, ct2-greedy, loop-greedy, the ar-* rows with --ar-drafter-path, "
+                     f"history-k8-exact, specbound with --exit-heads-path, blockwise with --blockwise-heads-path; "
+                     f"default: {DEFAULT_LM_CONFIGS})")
+
+
 # A comma starts a new configuration only where a name follows (so that values such as
 # cmasd_weights=0.5,0.25,0.25 keep their commas).
 CONFIG_SEPARATOR = re.compile(r",(?=\s*[A-Za-z][\w.-]*\s*(?::|,|$))")

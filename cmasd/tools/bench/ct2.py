@@ -19,6 +19,16 @@ padded source length of the batch) as ``max_decoding_length`` and fairseq's
 appended, as fairseq's hypotheses end. The id/symbol mapping and the call are inside
 the timed region, as fairseq's own bookkeeping is.
 
+A language model (``transformer_lm``) is converted by the same converter to a decoder-only
+model, which a ``Generator`` runs: each row's start token and prompt go to
+``Generator.generate_batch`` as the prompt (``include_prompt_in_result=False``: fed at
+once, as the loops' prefill), the rest of fairseq's ``max_len`` after the prompt as
+``max_length`` and what ``min_len`` leaves after it as ``min_length``; the output is the
+prompt, the continuation and eos, as fairseq's hypotheses are (``cmasd.tools.ct2_worker``
+serves it as a Generator). The converter builds a dataclass model (``transformer_lm``) from a namespace of the
+checkpoint's task and model configurations (it reads ``args``, and a dataclass model's
+``cfg.model`` is a dictionary), given in a temporary copy.
+
 ``ctranslate2`` is an optional extra (``pip install -e '.[ct2]'``); without it the
 ct2 rows are skipped with a message.
 """
@@ -78,19 +88,29 @@ def cache_location(checkpoint: str, fallback_dir: str) -> str:
 
 def converter_checkpoint(checkpoint: str, scratch: str) -> str:
     """``checkpoint`` itself, or a copy in ``scratch`` with ``args: None`` where the
-    checkpoint lacks the ``args`` key that CTranslate2's fairseq converter indexes."""
+    checkpoint lacks the ``args`` key that CTranslate2's fairseq converter indexes, or with
+    ``args`` a namespace of the task's and the model's configurations where the model is
+    a dataclass model (``cfg.model`` a dictionary, which the converter cannot read)."""
+    import argparse
+
     import torch
 
     from cmasd.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    if "args" in state:
+    cfg = state.get("cfg") or {}
+    dataclass_model = isinstance(cfg.get("model"), dict)
+    if state.get("args") is not None or ("args" in state and not dataclass_model):
         return checkpoint
-    if "cfg" not in state or state["cfg"] is None or "model" not in state["cfg"]:
+    if "model" not in cfg or cfg["model"] is None:
         raise ValueError(f"{checkpoint}: neither 'args' nor 'cfg.model' in the checkpoint; CTranslate2's fairseq "
                          "converter needs the model's configuration")
-    state["args"] = None
+    if dataclass_model:  # what fairseq's setup_task and build_model read from a namespace
+        task, model = cfg["task"], cfg["model"]
+        state["args"] = argparse.Namespace(**{**task, **model, "task": task["_name"], "arch": model["_name"]})
+    else:
+        state["args"] = None
     copy = os.path.join(scratch, os.path.basename(checkpoint))
     torch.save(state, copy)
     return copy
@@ -147,8 +167,9 @@ class CT2Greedy:
     round trip through the pipe (tokens as JSON lines)."""
 
     def __init__(self, model_dir: str, src_dict, tgt_dict, compute_type: str, threads: int, gen_cfg,
-                 max_decoder_positions: int):
+                 max_decoder_positions: int, language_model: bool = False):
         self.compute_type = compute_type
+        self.language_model = language_model  # a Generator continuing prompts, not a Translator
         self.src_symbols = [ct2_symbol(s, src_dict.pad_word) for s in src_dict.symbols]
         self.tgt_index = {ct2_symbol(s, tgt_dict.pad_word): i for i, s in enumerate(tgt_dict.symbols)}
         self.src_skip = {src_dict.pad(), src_dict.eos()}
@@ -156,17 +177,19 @@ class CT2Greedy:
         self.max_len_a, self.max_len_b, self.min_len = gen_cfg.max_len_a, gen_cfg.max_len_b, gen_cfg.min_len
         self.no_repeat_ngram_size = gen_cfg.no_repeat_ngram_size
         self.max_decoder_positions = max_decoder_positions
+        kind = "generator" if language_model else "translator"
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "cmasd.tools.ct2_worker", model_dir, compute_type, str(threads)],
+            [sys.executable, "-m", "cmasd.tools.ct2_worker", model_dir, compute_type, str(threads), kind],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
         )
         weakref.finalize(self, stop_worker, self.worker)
         self.request([])  # loaded and answering
 
-    def request(self, batch: List[List[str]], max_len: int = 1) -> List[List[str]]:
-        """One ``translate_batch`` call in the worker: source symbols in, output symbols out."""
+    def request(self, batch: List[List[str]], max_len: int = 1, min_len: Optional[int] = None) -> List[List[str]]:
+        """One ``translate_batch`` (``generate_batch``) call in the worker: source symbols
+        (start token and prompt) in, output symbols (the continuation) out."""
         try:
-            request = {"batch": batch, "max_len": max_len, "min_len": self.min_len,
+            request = {"batch": batch, "max_len": max_len, "min_len": self.min_len if min_len is None else min_len,
                        "no_repeat_ngram_size": self.no_repeat_ngram_size}
             self.worker.stdin.write(json.dumps(request) + "\n")
             self.worker.stdin.flush()
@@ -182,14 +205,33 @@ class CT2Greedy:
         """fairseq's SequenceGenerator length limit for a batch of padded length ``src_len``."""
         return min(int(self.max_len_a * src_len + self.max_len_b), self.max_decoder_positions - 1)
 
-    def generate(self, models, sample) -> List[List[Dict[str, Any]]]:
+    def generate(self, models, sample, prefix_tokens=None,
+                 bos_token: Optional[int] = None) -> List[List[Dict[str, Any]]]:
+        """Each row's greedy output as fairseq's hypothesis; a language model's continues its
+        row of ``prefix_tokens`` (B, P), pad after, from ``bos_token`` (None: eos)."""
         import torch
 
+        if self.language_model:
+            return self.continue_prompts(sample["net_input"]["src_tokens"].size(1), prefix_tokens, bos_token)
         src_tokens = sample["net_input"]["src_tokens"]  # (B, S), fairseq pads the source on the left
         batch = [[self.src_symbols[t] for t in row if t not in self.src_skip] for row in src_tokens.tolist()]
         outputs = self.request(batch, self.max_len(src_tokens.size(1)))
         return [[{"tokens": torch.tensor([self.tgt_index.get(s, self.unk) for s in out] + [self.eos])}]
                 for out in outputs]
+
+    def continue_prompts(self, src_len: int, prefix_tokens, bos_token: Optional[int]) -> List[List[Dict[str, Any]]]:
+        """A language model's greedy continuations of ``prefix_tokens`` (B, P), pad after,
+        within fairseq's length rules, which count the prompt: at most ``max_len`` (of a
+        source of ``src_len``, the start token and the padded prompt) tokens and eos."""
+        import torch
+
+        bos = self.src_symbols[self.eos if bos_token is None else bos_token]
+        prompts = [[t for t in row if t not in self.src_skip] for row in prefix_tokens.tolist()]
+        width = prefix_tokens.size(1)
+        outputs = self.request([[bos] + [self.src_symbols[t] for t in p] for p in prompts],
+                               max(self.max_len(src_len) - width, 0), max(self.min_len - width, 0))
+        return [[{"tokens": torch.tensor(p + [self.tgt_index.get(s, self.unk) for s in out] + [self.eos])}]
+                for p, out in zip(prompts, outputs)]
 
 
 def stop_worker(worker: subprocess.Popen) -> None:
@@ -199,3 +241,4 @@ def stop_worker(worker: subprocess.Popen) -> None:
             worker.wait(timeout=10)
         except subprocess.TimeoutExpired:
             worker.kill()
+

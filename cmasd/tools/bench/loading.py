@@ -1,8 +1,15 @@
 """Loading once what every measurement shares (the verifier, the drafters, the split,
-the batches) and building each configuration's generator."""
+the batches) and building each configuration's generator.
 
+A language model (``is_language_model``) is measured on prompts: the first
+``--prompt-tokens`` tokens of each line of the split that has more (``load_prompts``),
+each batch carrying the generator's keyword arguments as fairseq's
+``LanguageModelingTask.inference_step`` makes them (``PromptBatch``): the prompts as
+``prefix_tokens`` and the start token as ``bos_token``."""
+
+import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,6 +42,42 @@ def first_sentences(dataset, n: int):
     return FirstN(dataset)
 
 
+@dataclass(frozen=True)
+class Prompts:
+    """A language model's prompts: the first ``tokens`` tokens of the split's lines of more
+    than ``tokens`` tokens (eos aside), the first ``--max-sentences`` of them."""
+
+    tokens: int  # of each prompt
+    continuation: Optional[int]  # tokens of each continuation (--continuation-tokens; None: to eos)
+    lines: List[int]  # the split's line of each prompt, in order (the prompt's sentence id is its index here)
+    long_enough: int  # lines of the split with more than ``tokens`` tokens
+    skipped: int  # lines of the split with at most ``tokens`` tokens
+
+    def describe(self, subset: str) -> str:
+        """The prompts and continuations in words, for the report."""
+        total = self.long_enough + self.skipped
+        ending = (f"continuations of {self.continuation} tokens (--continuation-tokens)" if self.continuation else
+                  "each continuation to its eos or fairseq's length limit (--max-len-a/b, prompt included)")
+        return (f"Prompts: the first {self.tokens} tokens of {len(self.lines)} lines of {subset} (of its {total:,} "
+                f"lines, {self.skipped:,} of at most {self.tokens} tokens skipped); {ending}. Tokens and tok/s count "
+                f"continuation tokens, eos included; exact % is the share of prompts whose continuation is fairseq "
+                f"greedy's token for token.")
+
+
+# The key of a language model's batch (a fairseq sample) that holds its ``PromptBatch``.
+PROMPT_BATCH = "cmasd_prompt_batch"
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """What a language model's batch adds to fairseq's sample: the generator's keyword
+    arguments (``prefix_tokens`` (B, P), pad after, and ``bos_token``) and each row's prompt
+    length, which its hypothesis starts with."""
+
+    kwargs: Dict[str, Any]
+    lengths: List[int]
+
+
 @dataclass
 class Setup:
     """What every measurement shares, loaded once."""
@@ -49,12 +92,25 @@ class Setup:
     floor: "FloorScorer"  # the floor's teacher-forced pass, its layers prepared once
     threads: int  # CPU threads of every decoder
     ct2_model: Optional[str] = None  # the verifier converted for CTranslate2, where a ct2 row is measured
+    prompts: Optional[Prompts] = None  # a language model's; None for a translation model
+
+
+def is_language_model(model, task) -> bool:
+    """Whether the verifier is a language model: its task is fairseq's language modelling
+    (or ``language_modeling_speculative``), or the model has no encoder (fairseq's own test)."""
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    from cmasd.layers.transformer import has_encoder
+
+    return isinstance(task, LanguageModelingTask) or not has_encoder(model)
 
 
 def load_verifier(args):
-    """The verifier and its ``translation`` task, with ``DATA`` as the data path."""
+    """The verifier and its task (``translation``; a language model's), with ``DATA`` as the
+    data path."""
     from fairseq import checkpoint_utils
 
+    import fairseq_plugins  # noqa: F401  (registers the tasks and models; fairseq 0.12.2 fixes)
     from cmasd.checkpoint import allow_fairseq_checkpoints
 
     allow_fairseq_checkpoints()
@@ -68,6 +124,33 @@ def load_verifier(args):
     except FileNotFoundError as e:  # usually a dictionary missing from DATA
         raise BenchError(f"loading {args.path} with data {args.data}: {e}") from None
     return models[0], task
+
+
+def load_prompts(task, args) -> Tuple[Any, Prompts, int]:
+    """A language model's dataset of prompts (``Prompts``; as fairseq-interactive encodes input
+    lines, through the task's ``build_dataset_for_inference``), the prompts, and the split's
+    size in lines. A line's tokens are those fairseq-preprocess binarized, its eos aside."""
+    from fairseq.data import data_utils
+
+    n, dictionary = args.prompt_tokens, task.source_dictionary
+    path = os.path.join(args.data, args.gen_subset)
+    try:
+        split = data_utils.load_indexed_dataset(path, dictionary, task.args.dataset_impl)
+    except FileNotFoundError as e:
+        raise BenchError(f"--gen-subset {args.gen_subset}: {e}") from None
+    if split is None:
+        raise BenchError(f"--gen-subset {args.gen_subset}: no binarized split at {path}.bin/.idx")
+    tokens = split.sizes - 1  # (lines,) fairseq-preprocess appends eos to every line
+    long_enough = [int(i) for i in (tokens > n).nonzero()[0]]
+    if not long_enough:
+        raise BenchError(f"--prompt-tokens {n}: no line of {args.gen_subset} ({len(split):,} lines, the longest "
+                         f"{int(tokens.max(initial=0))} tokens) has more than {n} tokens to prompt with; give fewer")
+    lines = long_enough[: args.max_sentences]
+    eos = torch.tensor([dictionary.eos()])
+    prompts = [torch.cat([split[i][:n].long(), eos]) for i in lines]  # (n + 1,) each, eos last as a read line
+    dataset = task.build_dataset_for_inference(prompts, [len(p) for p in prompts])
+    continuation = args.continuation_tokens
+    return dataset, Prompts(n, continuation, lines, len(long_enough), len(split) - len(long_enough)), len(split)
 
 
 def load_split(task, args):
@@ -97,41 +180,78 @@ def drafter_paths(args) -> Dict[str, str]:
     return {role: path for role, path in given.items() if path is not None}
 
 
-def load_setup(args, roles: Sequence[str], ct2: bool = False) -> Setup:
-    """Verifier, the drafters of ``roles`` and the split, on the chosen device, in eval
-    mode; with ``ct2``, the verifier's CTranslate2 conversion too."""
+def load_setup(args, roles: Sequence[str], ct2: bool = False, verifier: Optional[Tuple[Any, Any]] = None) -> Setup:
+    """Verifier (``verifier``: the model and task ``load_verifier`` loaded, else loaded
+    here), the drafters of ``roles`` and the split (a language model's prompts), on the
+    chosen device, in eval mode; with ``ct2``, the verifier's CTranslate2 conversion too."""
     import fairseq_plugins  # noqa: F401  (registers the drafter models; fairseq 0.12.2 fixes)
     from cmasd.options import load_drafter_model
 
     torch.set_num_threads(args.threads)
     device = choose_device(args)
-    model, task = load_verifier(args)
+    model, task = verifier or load_verifier(args)
+    language_model = is_language_model(model, task)
     model = model.to(device, dtype=model_dtype(args)).eval()
     paths = drafter_paths(args)
     try:
         drafters = {role: load_drafter_model(paths[role], task, like=next(model.parameters())) for role in roles}
     except ValueError as e:
         raise BenchError(str(e)) from None
-    dataset, split_size = load_split(task, args)
-    ct2_model = convert_for_ct2(args, task) if ct2 else None
+    prompts = None
+    if language_model:
+        dataset, prompts, split_size = load_prompts(task, args)
+    else:
+        dataset, split_size = load_split(task, args)
+    ct2_model = convert_for_ct2(args, task, language_model) if ct2 else None
     return Setup(task, model, drafters, dataset, device, len(dataset), split_size, FloorScorer(model), args.threads,
-                 ct2_model)
+                 ct2_model, prompts)
 
 
-def convert_for_ct2(args, task) -> str:
+def convert_for_ct2(args, task, language_model: bool = False) -> str:
     """The CTranslate2 conversion of the verifier (cached; see ``ct2``)."""
     from cmasd.tools.bench.ct2 import convert
 
+    languages = (None, None) if language_model else (task.cfg.source_lang, task.cfg.target_lang)
     try:
-        return convert(args.path, args.data, task.cfg.source_lang, task.cfg.target_lang, args.out_dir)
+        return convert(args.path, args.data, *languages, args.out_dir)
     except (ValueError, KeyError, AttributeError, OSError) as e:
-        raise BenchError(f"converting {args.path} for CTranslate2: {type(e).__name__}: {e}") from None
+        raise BenchError(f"converting {args.path} for CTranslate2: {type(e).__name__}: {e} (leave the ct2 rows out "
+                         "of --configs)") from None
+
+
+class KeywordCapture:
+    """A generator for ``inference_step`` that generates nothing: it returns the keyword
+    arguments the task hands a generator."""
+
+    def generate(self, models, sample, **kwargs) -> Dict[str, Any]:
+        return kwargs
+
+
+def prompt_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
+    """A language model's prompts ``batch_size`` at a time, in order, collated and on the
+    device, each with its ``PromptBatch`` (under ``PROMPT_BATCH``): the keyword arguments
+    fairseq's ``inference_step`` gives a generator for it, made once here."""
+    from fairseq import utils
+
+    pad = setup.task.source_dictionary.pad()
+    batches = []
+    for first in range(0, setup.size, batch_size):
+        sample = setup.dataset.collater([setup.dataset[i] for i in range(first, min(first + batch_size, setup.size))])
+        if setup.device.type == "cuda":
+            sample = utils.move_to_cuda(sample, setup.device)
+        kwargs = setup.task.inference_step(KeywordCapture(), [setup.model], sample)
+        sample[PROMPT_BATCH] = PromptBatch(kwargs, kwargs["prefix_tokens"].ne(pad).sum(dim=1).tolist())
+        batches.append(sample)
+    return batches
 
 
 def build_batches(setup: Setup, batch_size: int) -> List[Dict[str, Any]]:
-    """Every batch of the split at ``batch_size``, collated and on the device."""
+    """Every batch of the split at ``batch_size``, collated and on the device (a language
+    model's: ``prompt_batches``)."""
     from fairseq import utils
 
+    if setup.prompts is not None:
+        return prompt_batches(setup, batch_size)
     iterator = setup.task.get_batch_iterator(
         dataset=setup.dataset,
         max_sentences=batch_size,
@@ -162,7 +282,7 @@ def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping
 
         return CT2Greedy(setup.ct2_model, setup.task.source_dictionary, setup.task.target_dictionary,
                          config.ct2_compute_type, config.ct2_threads or setup.threads, generation_config(1, generation),
-                         setup.model.max_decoder_positions())
+                         setup.model.max_decoder_positions(), language_model=setup.prompts is not None)
     if not config.speculative:
         from cmasd.compat import fix_ngram_blocker
 

@@ -15,7 +15,7 @@ from cmasd.decoding.generator import SpeculativeGenerator
 from cmasd.decoding.stats import DecodeStats
 from cmasd.tools.bench.configs import FLOOR, GREEDY
 from cmasd.tools.bench.floor import teacher_forced_input
-from cmasd.tools.bench.loading import Setup
+from cmasd.tools.bench.loading import PROMPT_BATCH, Setup
 
 logger = logging.getLogger("cmasd.bench")
 
@@ -31,9 +31,12 @@ def clock(device: torch.device) -> float:
 
 
 def best_tokens(sample, hypos) -> Dict[int, List[int]]:
-    """Sentence id -> token ids of the best hypothesis (eos included; [] if none)."""
+    """Sentence id -> token ids of the best hypothesis (eos included; [] if none); of a
+    language model's, the continuation: the hypothesis after its prompt."""
+    prompts = sample.get(PROMPT_BATCH)
+    skip = prompts.lengths if prompts is not None else [0] * len(hypos)
     return {
-        int(sid): (hypos[b][0]["tokens"].tolist() if hypos[b] else [])
+        int(sid): (hypos[b][0]["tokens"][skip[b]:].tolist() if hypos[b] else [])
         for b, sid in enumerate(sample["id"].tolist())
     }
 
@@ -54,18 +57,20 @@ class Run:
 
 def decode_split(generator, setup: Setup, batches) -> Run:
     """Decode every batch; only the ``generate`` (fairseq) or ``decode`` (speculative)
-    calls are timed. A speculative generator's statistics are those of these calls."""
+    calls are timed, with a language model's prompts as fairseq's ``inference_step`` hands
+    them over (``PromptBatch``). A speculative generator's statistics are those of these calls."""
     speculative = isinstance(generator, SpeculativeGenerator)
     stats = DecodeStats()
     batch_seconds, hypotheses, longest = [], {}, []
     if not speculative:
         pin_beam_size(generator, setup.model)  # fairseq's: the beam of the last generator built
     for sample in batches:
+        kwargs = sample[PROMPT_BATCH].kwargs if PROMPT_BATCH in sample else {}
         start = clock(setup.device)
         if speculative:
-            hypos, batch_stats = generator.decode(sample)
+            hypos, batch_stats = generator.decode(sample, **kwargs)
         else:
-            hypos = generator.generate([setup.model], sample)
+            hypos = generator.generate([setup.model], sample, **kwargs)
         batch_seconds.append(clock(setup.device) - start)
         if speculative:
             stats.add(batch_stats)
@@ -146,7 +151,8 @@ def measure_all(setup: Setup, generators: Mapping[str, Any], batches: Mapping[in
                 run = decode_split(generator, setup, bs_batches)
                 if bs not in floor_inputs and name == GREEDY and bs_batches is all_batches:
                     floor_inputs[bs] = [
-                        teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad()) for s in bs_batches
+                        teacher_forced_input(s, run.hypotheses, tgt_dict.eos(), tgt_dict.pad(), PROMPT_BATCH in s)
+                        for s in bs_batches
                     ]
                 log_run(label, name, bs, run, recorded, out, progress.advance(sentences(bs_batches)), journal)
             if bs in floor_inputs:

@@ -1,5 +1,6 @@
 """Rows, the markdown table, the latency-throughput figure and bench.json."""
 
+import dataclasses
 import datetime
 import json
 import math
@@ -7,7 +8,7 @@ import os
 import platform
 import statistics
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -42,7 +43,8 @@ COLUMNS: Dict[str, str] = {
     "quality_std": "standard deviation of the quality column(s) over the recorded passes (the seeds of --sampling; "
     "0 where every pass decodes the same)",
     "bleu_vs_greedy": "sacreBLEU of the output with greedy's output (same batch size) as reference",
-    "exact_match_vs_greedy": "fraction of sentences with greedy's exact token sequence (same batch size)",
+    "exact_match_vs_greedy": "fraction of sentences with greedy's exact token sequence (same batch size); of a "
+    "language model, of prompts whose continuation is greedy's token for token",
     "mean_accepted_tokens": "tokens a row gains per verifier iteration (1.0 for greedy; n/a for beam search)",
     "rollback_rate": "fraction of row-iterations that rejected a drafted token (speculative only)",
     "acceptance_rate": "fraction of the drafted tokens sent that were accepted (speculative only)",
@@ -56,7 +58,8 @@ COLUMNS: Dict[str, str] = {
     "(speculative only)",
     "bookkeeping_ms_per_iteration": "acceptance, appending, statistics, dropping finished rows and growing the "
     "caches per batched iteration, ms (speculative only)",
-    "tokens": "generated target tokens, eos included (the floor: greedy's, scored)",
+    "tokens": "generated target tokens, eos included (the floor: greedy's, scored); of a language model, the "
+    "continuations' (the prompts left out)",
     "seconds_mean": "wall seconds of the generate calls over the split, mean over repetitions",
     "seconds_std": "their standard deviation (0 with one repetition)",
     "tokens_per_second": "tokens / seconds_mean",
@@ -82,9 +85,15 @@ SPECULATIVE_STATS = [
 ]
 
 
-def columns(metric: str) -> Dict[str, str]:
-    """The columns of every row for ``metric``."""
+# A language model's rows (metric None) are compared with fairseq greedy's output only.
+NOT_SCORED = ("quality_std", "bleu_vs_greedy")
+
+
+def columns(metric: Optional[str]) -> Dict[str, str]:
+    """The columns of every row for ``metric`` (None: a language model's, no quality)."""
     drop = {"bleu", *ROUGE_KEYS} - set(quality_columns(metric))
+    if metric is None:
+        drop |= set(NOT_SCORED)
     return {k: v for k, v in COLUMNS.items() if k not in drop}
 
 
@@ -138,20 +147,25 @@ def timing_columns(m: Measurements, name: str, bs: int, tokens: int, sentences: 
     }
 
 
-def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: TextTools, refs: References,
-                n_batches: int, beams: Sequence[str]) -> Dict[str, Any]:
-    """Quality, agreement with greedy, speculative statistics and timing of one
-    configuration at one batch size."""
+def decoder_row(config: BenchConfig, bs: int, m: Measurements, text: Optional[TextTools], refs: Optional[References],
+                n_batches: int, beams: Sequence[str], lossless: bool = False) -> Dict[str, Any]:
+    """Quality (none without ``text``: a language model's), agreement with greedy,
+    speculative statistics and timing of one configuration at one batch size; a
+    ``lossless`` configuration's row names the sentences it decoded otherwise than greedy
+    (``differs_from_greedy``), where there are any."""
     ids = sorted(m.first(config.name, bs).hypotheses)
     hyps = m.first(config.name, bs).hypotheses
     greedy = m.first(GREEDY, bs).hypotheses
-    hyp_text = [text.detokenize(hyps[i]) for i in ids]
-    greedy_text = [text.detokenize(greedy[i]) for i in ids]
     stats = mean_stats([r.stats for r in m.runs[(config.name, bs)]]) if config.speculative else None
     row = {"config": config.name, "kind": config.kind, "batch_size": bs, "sentences": len(ids), "batches": n_batches}
-    row.update(pass_quality(m.runs[(config.name, bs)], ids, text, refs))
-    row["bleu_vs_greedy"] = bleu(hyp_text, [[g] for g in greedy_text])
+    if text is not None:
+        row.update(pass_quality(m.runs[(config.name, bs)], ids, text, refs))
+        row["bleu_vs_greedy"] = bleu([text.detokenize(hyps[i]) for i in ids],
+                                     [[text.detokenize(greedy[i])] for i in ids])
     row["exact_match_vs_greedy"] = statistics.fmean(hyps[i] == greedy[i] for i in ids)
+    differ = [i for i in ids if hyps[i] != greedy[i]]
+    if lossless and differ:
+        row["differs_from_greedy"] = differ
     row.update({k: (stats[k] if stats else None) for k in SPECULATIVE_STATS})
     if config.name == GREEDY:
         row["mean_accepted_tokens"] = 1.0  # one token per verifier pass, by definition
@@ -177,11 +191,12 @@ def pass_quality(runs, ids: List[int], text: TextTools, refs: References) -> Dic
     return out
 
 
-def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, beams: Sequence[str]) -> Dict[str, Any]:
+def floor_row(bs: int, m: Measurements, metric: Optional[str], n_batches: int, beams: Sequence[str]) -> Dict[str, Any]:
     """The floor at one batch size: timing only (it scores greedy's output)."""
     greedy = m.first(GREEDY, bs).hypotheses
     row = {"config": FLOOR, "kind": FLOOR, "batch_size": bs, "sentences": len(greedy), "batches": n_batches}
-    row.update({k: None for k in quality_columns(metric) + ["quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]})
+    agreement = ["exact_match_vs_greedy"] + ([] if metric is None else list(NOT_SCORED))
+    row.update({k: None for k in quality_columns(metric) + agreement})
     row.update({k: None for k in SPECULATIVE_STATS})
     tokens = sum(len(t) for t in greedy.values())
     row.update(timing_columns(m, FLOOR, bs, tokens, len(greedy), n_batches, beams))
@@ -190,15 +205,31 @@ def floor_row(bs: int, m: Measurements, metric: str, n_batches: int, beams: Sequ
     return row
 
 
-def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: TextTools, refs: References,
-              batch_counts: Mapping[int, int]) -> List[Dict[str, Any]]:
-    """Every configuration at every batch size, then the floor, in order."""
+def make_rows(configs: Sequence[BenchConfig], m: Measurements, text: Optional[TextTools],
+              refs: Optional[References], batch_counts: Mapping[int, int],
+              lossless: Collection[str] = ()) -> List[Dict[str, Any]]:
+    """Every configuration at every batch size, then the floor, in order (``text`` None: a
+    language model's, without quality); the configurations named in ``lossless`` must
+    decode as greedy (``differs_from_greedy``, ``lossless_warnings``)."""
     beams = [c.name for c in configs if c.name in SPEED_REFERENCES]
     rows = []
     for bs, n_batches in batch_counts.items():
-        rows += [decoder_row(c, bs, m, text, refs, n_batches, beams) for c in configs]
-        rows.append(floor_row(bs, m, text.metric, n_batches, beams))
+        rows += [decoder_row(c, bs, m, text, refs, n_batches, beams, c.name in lossless) for c in configs]
+        rows.append(floor_row(bs, m, None if text is None else text.metric, n_batches, beams))
     return rows
+
+
+def lossless_warnings(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """A line for each row of a lossless configuration that decoded some sentences (prompts)
+    otherwise than fairseq's greedy search at its batch size, naming them."""
+    out = []
+    for row in rows:
+        differ = row.get("differs_from_greedy")
+        if differ:
+            shown = ", ".join(map(str, differ[:10])) + (", ..." if len(differ) > 10 else "")
+            out.append(f"WARNING: {row['config']} is lossless but decoded {len(differ)} of {row['sentences']} "
+                       f"sentences otherwise than greedy at batch size {row['batch_size']} (ids {shown})")
+    return out
 
 
 # --------------------------------------------------------------------------- reports
@@ -353,6 +384,7 @@ def environment(args, setup: Setup) -> Dict[str, Any]:
         "bf16": args.bf16,
         "floor_kernels": setup.floor.kernels,
         "ct2_model": setup.ct2_model,
+        "prompts": None if setup.prompts is None else dataclasses.asdict(setup.prompts),
     }
 
 

@@ -9,7 +9,7 @@ padded with ``None`` to the longest, as sacreBLEU takes a varying number of refe
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -54,7 +54,11 @@ def bleu(hyps: Sequence[str], refs: References) -> float:
     return float(sacrebleu.corpus_bleu(list(hyps), streams).score)
 
 
-def quality_columns(metric: str) -> List[str]:
+def quality_columns(metric: Optional[str]) -> List[str]:
+    """The quality columns of ``metric``; none for None (a language model's continuations,
+    compared with fairseq greedy's only)."""
+    if metric is None:
+        return []
     return ["bleu"] if metric == "bleu" else list(ROUGE_KEYS)
 
 
