@@ -24,7 +24,7 @@ from filelock import FileLock
 import fairseq_plugins  # noqa: F401  (as --user-dir does: models built in tests get its fairseq 0.12.2 fixes)
 from helpers import (  # noqa: F401  (tests import these from conftest too)
     BIN, EMPTY_AT, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, generate, hypotheses, mirror_dir, mirror_missing,
-    raw_pairs, run, tool_env, VERY_LONG)
+    raw_pairs, run, tool_env, VERY_LONG, LM_TRAIN_LINES, TINIER_LM, TINY_LM, train_lm)
 
 # Two pytest-xdist workers share the two cores: one torch thread each, as tool_env gives the
 # commands the tests start (two OpenMP threads per process made in-process speculative
@@ -273,3 +273,31 @@ def samsum(samsum_mirror, artifacts):
             env={"CMASD_DATA_MIRROR": str(samsum_mirror)})
 
     return artifacts.get("data-bin-samsum", build) / "samsum"
+
+
+@pytest.fixture(scope="session")
+def lm_data(artifacts):
+    """data-bin (``bin/``) of Multi30k's first 6,000 English training sentences (and its
+    validation and test sentences) in a 400-piece sentencepiece vocabulary, made by
+    ``data-prep/prepare-lm.sh --corpus multi30k-en`` (``fairseq-preprocess --only-source``)."""
+    if not (mirror_dir() / "multi30k" / "train.en.gz").is_file():
+        mirror_missing(f"no Multi30k mirror at {mirror_dir()} (set CMASD_DATA_MIRROR)")
+
+    def build(dest):
+        run(["bash", REPO / "data-prep" / "prepare-lm.sh", "--corpus", "multi30k-en", "--max-lines", LM_TRAIN_LINES,
+             "--vocab-size", "400", "--dest", dest / "bin", "--workers", "1"],
+            env={"CMASD_DATA_MIRROR": str(mirror_dir())})
+
+    return artifacts.get("lm-data", build)
+
+
+@pytest.fixture(scope="session")
+def lm(lm_data, artifacts):
+    """A verifier language model: a 2-layer, 64-dimension ``transformer_lm``."""
+    return artifacts.get("lm", lambda save: train_lm(lm_data, save, TINY_LM, 150)) / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="session")
+def draft_lm(lm_data, artifacts):
+    """Its draft model: a 1-layer, 32-dimension ``transformer_lm`` with the same dictionary."""
+    return artifacts.get("draft-lm", lambda save: train_lm(lm_data, save, TINIER_LM, 60)) / "checkpoint_last.pt"

@@ -469,3 +469,35 @@ def chi_square(observed: torch.Tensor, expected_probs: torch.Tensor):
 def threshold(df: int) -> float:
     """The rejection threshold of the fit: df + 10 sqrt(2 df), about 10 standard deviations."""
     return df + 10 * math.sqrt(2 * df)
+
+
+# ------------------------------------------------------------------ tiny language models
+# (the fixtures lm_data, lm and draft_lm in conftest.py)
+
+LM_TRAIN_LINES = 6000  # Multi30k English training sentences the tiny language models learn from
+LM_POSITIONS = 48  # the tiny language models' positions (--tokens-per-sample)
+
+# (input and output dims given with the width: fairseq 0.12's transformer_lm keeps them at 512 otherwise)
+TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-input-dim", "64",
+           "--decoder-output-dim", "64", "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "2"]
+TINIER_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-input-dim", "32",
+             "--decoder-output-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2"]
+
+
+def english(name, count):
+    """The first ``count`` English sentences of the mirror's Multi30k split ``name``."""
+    import gzip
+
+    with gzip.open(mirror_dir() / "multi30k" / f"{name}.en.gz", "rt", encoding="utf-8") as f:
+        return [line.strip() for _, line in zip(range(count), f)]
+
+
+def train_lm(data, save, arch, updates):
+    """``data-prep/train-lm.sh``'s cpu recipe at the width ``arch`` for ``updates`` updates
+    on lines of up to ``LM_POSITIONS`` positions."""
+    run(["bash", REPO / "data-prep" / "train-lm.sh", data / "bin", "cpu", *arch,
+         "--tokens-per-sample", str(LM_POSITIONS), "--sample-break-mode", "eos",
+         "--lr", "5e-3", "--warmup-updates", "20", "--warmup-init-lr", "-1", "--clip-norm", "0.0",
+         "--weight-decay", "0.0", "--dropout", "0.0", "--attention-dropout", "0.0", "--max-tokens", "2048",
+         "--max-update", str(updates), "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar", "--cpu",
+         "--num-workers", "0", "--disable-validation"])

@@ -10,71 +10,14 @@ through the same task's ``inference_step``) token for token, the prompt included
 prompts are refused in one line.
 """
 
-import gzip
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from helpers import BIN, PLUGINS, mirror_dir, mirror_missing, run
+from helpers import BIN, LM_POSITIONS, PLUGINS, REPO, english, run
 
-TRAIN_LINES = 6000
 PROMPTS = 32
-TOKENS_PER_SAMPLE = 48  # the models' positions
-
-TINY_LM = ["--arch", "transformer_lm", "--share-decoder-input-output-embed", "--decoder-layers", "2",
-           "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128", "--decoder-attention-heads", "2"]
-TINIER_LM = ["--arch", "transformer_lm", "--share-decoder-input-output-embed", "--decoder-layers", "1",
-             "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "2"]
-
-
-def english(name, count):
-    with gzip.open(mirror_dir() / "multi30k" / f"{name}.en.gz", "rt", encoding="utf-8") as f:
-        return [line.strip() for _, line in zip(range(count), f)]
-
-
-@pytest.fixture(scope="module")
-def lm_data(artifacts):
-    """data-bin of Multi30k's first English training sentences (and 500 validation ones),
-    in a 400-piece sentencepiece vocabulary, binarized with ``fairseq-preprocess --only-source``."""
-    if not (mirror_dir() / "multi30k" / "train.en.gz").is_file():
-        mirror_missing(f"no Multi30k mirror at {mirror_dir()} (set CMASD_DATA_MIRROR)")
-
-    def build(dest):
-        import sentencepiece as spm
-
-        lines = {"train": english("train", TRAIN_LINES), "valid": english("val", 500)}
-        (dest / "raw.txt").write_text("\n".join(lines["train"]) + "\n")
-        spm.SentencePieceTrainer.train(input=str(dest / "raw.txt"), model_prefix=str(dest / "spm"), vocab_size=400,
-                                       character_coverage=1.0, num_threads=1, minloglevel=2)
-        sp = spm.SentencePieceProcessor(model_file=str(dest / "spm.model"))
-        for split, text in lines.items():
-            (dest / f"{split}.txt").write_text("".join(" ".join(sp.encode(line, out_type=str)) + "\n" for line in text))
-        run([BIN / "fairseq-preprocess", "--only-source", "--trainpref", dest / "train.txt",
-             "--validpref", dest / "valid.txt", "--destdir", dest / "bin", "--workers", "1"])
-
-    return artifacts.get("lm-data", build)
-
-
-def train_lm(data, save, arch, updates):
-    run([BIN / "fairseq-train", data / "bin", "--user-dir", PLUGINS, "--task", "language_modeling", *arch,
-         "--tokens-per-sample", str(TOKENS_PER_SAMPLE), "--sample-break-mode", "eos",
-         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--lr", "5e-3", "--lr-scheduler", "inverse_sqrt",
-         "--warmup-updates", "20", "--dropout", "0.0", "--max-tokens", "2048", "--max-update", str(updates),
-         "--seed", "1", "--save-dir", save, "--no-epoch-checkpoints", "--no-progress-bar", "--cpu",
-         "--num-workers", "0", "--disable-validation"])
-
-
-@pytest.fixture(scope="module")
-def lm(lm_data, artifacts):
-    """The verifier: a 2-layer, 64-dimension ``transformer_lm``."""
-    return artifacts.get("lm", lambda save: train_lm(lm_data, save, TINY_LM, 150)) / "checkpoint_last.pt"
-
-
-@pytest.fixture(scope="module")
-def draft_lm(lm_data, artifacts):
-    """The draft model: a 1-layer, 32-dimension ``transformer_lm`` with the same dictionary."""
-    return artifacts.get("draft-lm", lambda save: train_lm(lm_data, save, TINIER_LM, 60)) / "checkpoint_last.pt"
 
 
 def train_heads(data, verifier, save, arch, *options):
@@ -82,7 +25,7 @@ def train_heads(data, verifier, save, arch, *options):
     language_modeling_speculative`` (its next-token targets) for a few updates."""
     run([BIN / "fairseq-train", data / "bin", "--user-dir", PLUGINS, "--task", "language_modeling_speculative",
          "--arch", arch, "--verifier-path", verifier, "--criterion", f"{arch}_loss", *options,
-         "--tokens-per-sample", str(TOKENS_PER_SAMPLE), "--sample-break-mode", "eos", "--optimizer", "adam",
+         "--tokens-per-sample", str(LM_POSITIONS), "--sample-break-mode", "eos", "--optimizer", "adam",
          "--lr", "3e-3", "--max-tokens", "2048", "--max-update", "40", "--seed", "1", "--save-dir", save,
          "--no-epoch-checkpoints", "--no-progress-bar", "--cpu", "--num-workers", "0", "--disable-validation"])
 
@@ -95,7 +38,7 @@ def lm_task(data, verifier, *options):
 
     parser = fairseq_options.get_generation_parser()
     argv = [str(data / "bin"), "--user-dir", PLUGINS, "--task", "language_modeling_speculative", "--path", str(verifier),
-            "--cpu", "--beam", "1", "--tokens-per-sample", str(TOKENS_PER_SAMPLE), *map(str, options)]
+            "--cpu", "--beam", "1", "--tokens-per-sample", str(LM_POSITIONS), *map(str, options)]
     cfg = convert_namespace_to_omegaconf(fairseq_options.parse_args_and_arch(parser, argv))
     task = tasks.setup_task(cfg.task)
     task.log_stats = False  # no statistics at the test run's exit
@@ -109,7 +52,7 @@ def prompts(data, dictionary, count=PROMPTS):
     encodes input lines (eos appended; the task's inference dataset strips it)."""
     import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(data / "spm.model"))
+    sp = spm.SentencePieceProcessor(model_file=str(data / "bin" / "spm.model"))
     lines = english("test_2016_flickr", count)
     words = [" ".join(line.split()[: 1 + i % 8]) for i, line in enumerate(lines)]
     return [dictionary.encode_line(" ".join(sp.encode(w, out_type=str)), add_if_not_exist=False).long()
@@ -228,9 +171,9 @@ def test_a_prompt_too_long_for_the_model_is_refused_in_one_message(lm_data, lm, 
 
     task, models, generator = lm_task(lm_data, lm, "--drafter-path", draft_lm)
     eos = task.source_dictionary.eos()
-    long = torch.tensor(list(range(4, 4 + TOKENS_PER_SAMPLE)) + [eos], dtype=torch.long)
+    long = torch.tensor(list(range(4, 4 + LM_POSITIONS)) + [eos], dtype=torch.long)
     tokens = [prompts(lm_data, task.source_dictionary, 1)[0], long]
-    message = f"input(s) 1 ({TOKENS_PER_SAMPLE} tokens): prompt longer than the {TOKENS_PER_SAMPLE - 1} tokens"
+    message = f"input(s) 1 ({LM_POSITIONS} tokens): prompt longer than the {LM_POSITIONS - 1} tokens"
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         continuations(task, models, generator, tokens, 2)
 
@@ -361,3 +304,31 @@ def test_lenient_sampling_rules_run_on_a_language_model(lm_data, lm, draft_lm, r
     continuations(task, models, strict, tokens, 7)
     rates = [s.accepted / s.drafted for s in (lenient.stats, strict.stats)]
     assert rates[0] > rates[1] > 0, rates
+
+
+def test_distillation_continues_training_prompts_greedily_in_the_verifiers_dictionary(lm_data, lm, tmp_path):
+    """data-prep/distill-lm.sh on the verifier LM and 50 training prompts of 4 pieces: each
+    line of the distilled data is its prompt and the verifier's greedy continuation (fairseq's
+    generator, as the task continues the prompts in this process), binarized with the
+    verifier's dictionary; valid is the data's own (--valid-prompts 0)."""
+    from fairseq.data import Dictionary, data_utils
+
+    dest = tmp_path / "distill"
+    run(["bash", REPO / "data-prep" / "distill-lm.sh", lm_data / "bin", lm, "--prompt-tokens", "4",
+         "--max-prompts", "50", "--valid-prompts", "0", "--continuation-tokens", "12", "--dest", dest])
+    prompt_lines = (dest / "prompts" / "train.txt").read_text().splitlines()
+    lines = (dest / "tok" / "train.txt").read_text().splitlines()
+    assert len(prompt_lines) == len(lines) == 50
+    assert all(len(p.split()) == 4 and (line == p or line.startswith(p + " ")) for p, line in zip(prompt_lines, lines))
+    assert sum(len(line.split()) > 4 for line in lines) > 40  # continued, mostly
+
+    assert (dest / "dict.txt").read_bytes() == (lm_data / "bin" / "dict.txt").read_bytes()
+    dictionary = Dictionary.load(str(dest / "dict.txt"))
+    binarized = data_utils.load_indexed_dataset(str(dest / "train"), dictionary)
+    assert [dictionary.string(binarized[i]) for i in range(len(binarized))] == lines
+    assert (dest / "valid.bin").read_bytes() == (lm_data / "bin" / "valid.bin").read_bytes()
+
+    task, models, generator = lm_task(lm_data, lm, "--max-len-b", 4 + 12)
+    tokens = [dictionary.encode_line(p, add_if_not_exist=False).long() for p in prompt_lines]
+    expected = [dictionary.string(t) for t, _ in continuations(task, models, generator, tokens, 50)]
+    assert lines == expected

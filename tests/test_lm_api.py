@@ -12,10 +12,9 @@ import os
 
 import pytest
 
-from helpers import BIN, PLUGINS, run
-from test_language_model import TOKENS_PER_SAMPLE, draft_lm, english, lm, lm_data  # noqa: F401 (fixtures)
+from helpers import BIN, LM_POSITIONS, PLUGINS, english, run
 
-LONG_PROMPT = " ".join(["a man in a blue shirt"] * 20)  # far more pieces than the model's 48 positions
+LONG_PROMPT = " ".join(["a man in a blue shirt"] * 20)  # far more pieces than the models' LM_POSITIONS (48)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +23,7 @@ def lm_dir(lm_data, lm, tmp_path_factory):
     folder = tmp_path_factory.mktemp("lm-model")
     os.symlink(lm, folder / "checkpoint_best.pt")
     os.symlink(lm_data / "bin" / "dict.txt", folder / "dict.txt")
-    os.symlink(lm_data / "spm.model", folder / "spm.model")
+    os.symlink(lm_data / "bin" / "spm.model", folder / "spm.model")
     return folder
 
 
@@ -49,7 +48,7 @@ def test_sample_continues_prompts_as_fairseqs_generator(lm_dir, draft_lm, caplog
     for i, (prompt, output) in enumerate(zip(prompts, reference)):
         if i not in (3, 6):
             assert output.startswith(prompt) and len(output) > len(prompt), (prompt, output)
-    keep = TOKENS_PER_SAMPLE // 2
+    keep = LM_POSITIONS // 2
     assert "input 6 (" in caplog.text and f"continuing its last {keep} tokens" in caplog.text
     assert "empty prompt(s), sentence id(s) 3: continued from the start token alone" in caplog.text
     # the too-long prompt's last 24 pieces are whole repetitions of its phrase
@@ -63,8 +62,8 @@ def test_interactive_gives_one_continuation_per_line_in_order(lm_data, lm, draft
     lines = ["a man", "two dogs play in", "", LONG_PROMPT, "a woman is"]
     proc = run([BIN / "fairseq-interactive", lm_data / "bin", "--user-dir", PLUGINS,
                 "--task", "language_modeling_speculative", "--path", lm, "--drafter-path", draft_lm, "--spec-k", "4",
-                "--cpu", "--beam", "1", "--tokens-per-sample", str(TOKENS_PER_SAMPLE), "--max-len-b", "10",
-                "--bpe", "sentencepiece", "--sentencepiece-model", lm_data / "spm.model",
+                "--cpu", "--beam", "1", "--tokens-per-sample", str(LM_POSITIONS), "--max-len-b", "10",
+                "--bpe", "sentencepiece", "--sentencepiece-model", lm_data / "bin" / "spm.model",
                 "--batch-size", "2", "--buffer-size", "5"], input="\n".join(lines) + "\n")
     hypotheses = [line.split("\t") for line in proc.stdout.splitlines() if line.startswith("D-")]
     assert [int(h[0][2:]) for h in hypotheses] == list(range(len(lines)))
