@@ -151,6 +151,42 @@ EOF
   fi
 }
 
+# save_dir_from DEFAULT [fairseq-train options...]: SAVE, the --save-dir among the options
+# (the last one) or DEFAULT, as an absolute path, created
+save_dir_from() {
+  local prev="" arg
+  SAVE="$1"
+  shift
+  for arg in "$@"; do
+    [[ "$prev" == --save-dir ]] && SAVE="$arg"
+    [[ "$arg" == --save-dir=* ]] && SAVE="${arg#--save-dir=}"
+    prev="$arg"
+  done
+  SAVE="$(abs_path "$SAVE")"
+  mkdir -p "$SAVE"
+}
+
+# training_device FP16 [fairseq-train options...]: where a training recipe runs, logged:
+# DEVICE_KIND "given" (the options hold --cpu), "cuda" or "cpu" (torch sees no CUDA GPU),
+# and DEVICE_ARGS for fairseq-train (--cpu on a CPU found here, --fp16 on a GPU when FP16 is 1)
+training_device() {
+  local fp16="$1" arg
+  shift
+  DEVICE_ARGS=()
+  DEVICE_KIND=cpu
+  for arg in "$@"; do [[ "$arg" == --cpu ]] && DEVICE_KIND=given; done
+  if [[ "$DEVICE_KIND" == given ]]; then
+    log "device: CPU (--cpu given)"
+  elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    DEVICE_KIND=cuda
+    log "device: CUDA GPU"
+    (( fp16 )) && DEVICE_ARGS=(--fp16)
+  else
+    log "device: CPU (torch sees no CUDA GPU)"
+    DEVICE_ARGS=(--cpu)
+  fi
+}
+
 # ------------------------------------------------------------------ paths, checks
 
 abs_path() {

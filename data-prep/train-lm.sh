@@ -127,31 +127,12 @@ if (( validation )) && [[ ! -f "$DATA/valid.idx" ]]; then
   die "$DATA has no valid split (valid.idx): binarize one, or give --disable-validation"
 fi
 NAME="$(basename "$DATA")"
-SAVE="$CMASD_ROOT/checkpoints/lm-$NAME-$RECIPE_NAME"
 # a --save-dir of the caller moves the checkpoints, the log and the resume check there
-prev=""
-for arg in "$@"; do
-  [[ "$prev" == --save-dir ]] && SAVE="$arg"
-  [[ "$arg" == --save-dir=* ]] && SAVE="${arg#--save-dir=}"
-  prev="$arg"
-done
-SAVE="$(abs_path "$SAVE")"
-mkdir -p "$SAVE"
+save_dir_from "$CMASD_ROOT/checkpoints/lm-$NAME-$RECIPE_NAME" "$@"
 
-DEVICE_ARGS=()
-user_cpu=0
-for arg in "$@"; do [[ "$arg" == --cpu ]] && user_cpu=1; done
-if (( user_cpu )); then
-  log "device: CPU (--cpu given)"
-elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  log "device: CUDA GPU"
-  [[ "$RECIPE_NAME" == gpt ]] && DEVICE_ARGS=(--fp16)
-else
-  log "device: CPU (torch sees no CUDA GPU)"
-  DEVICE_ARGS=(--cpu)
-  if [[ "$RECIPE_NAME" == gpt ]]; then
-    log "warning: the gpt recipe is sized for a GPU; on this CPU it trains in float32, slowly"
-  fi
+training_device "$([[ "$RECIPE_NAME" == gpt ]] && echo 1 || echo 0)" "$@"
+if [[ "$DEVICE_KIND" == cpu && "$RECIPE_NAME" == gpt ]]; then
+  log "warning: the gpt recipe is sized for a GPU; on this CPU it trains in float32, slowly"
 fi
 [[ -f "$SAVE/checkpoint_last.pt" ]] && log "resuming from $SAVE/checkpoint_last.pt"
 

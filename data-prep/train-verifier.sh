@@ -118,34 +118,15 @@ shopt -u nullglob
 (( ${#train_idx[@]} )) || die "dataset $DATA has no binarized train split (train.SRC-TGT.LANG.idx):" \
   "a test-only set (such as cnndm-sample) cannot be trained on"
 NAME="$(basename "$DATA")"
-SAVE="$CMASD_ROOT/checkpoints/verifier-$NAME-$SIZE"
 # a --save-dir of the caller moves the checkpoints, the log and the resume check there
-prev=""
-for arg in "$@"; do
-  [[ "$prev" == --save-dir ]] && SAVE="$arg"
-  [[ "$arg" == --save-dir=* ]] && SAVE="${arg#--save-dir=}"
-  prev="$arg"
-done
-SAVE="$(abs_path "$SAVE")"
-mkdir -p "$SAVE"
+save_dir_from "$CMASD_ROOT/checkpoints/verifier-$NAME-$SIZE" "$@"
 
-DEVICE_ARGS=()
-user_cpu=0
-for arg in "$@"; do [[ "$arg" == --cpu ]] && user_cpu=1; done
-if (( user_cpu )); then
-  log "device: CPU (--cpu given)"
-elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  log "device: CUDA GPU"
-  [[ "$SIZE" == base ]] && DEVICE_ARGS=(--fp16)
-else
-  log "device: CPU (torch sees no CUDA GPU)"
-  DEVICE_ARGS=(--cpu)
-  # the recipe that trains through cmasd's task: mixed precision where the CPU has bfloat16
-  if (( VIA_TASK )) && [[ "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
-    "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
-    DEVICE_ARGS+=(--drafter-bf16-autocast)
-    log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
-  fi
+training_device "$([[ "$SIZE" == base ]] && echo 1 || echo 0)" "$@"
+# the recipe that trains through cmasd's task: mixed precision where the CPU has bfloat16
+if [[ "$DEVICE_KIND" == cpu ]] && (( VIA_TASK )) && [[ "${CMASD_DRAFTER_FP32:-0}" != 1 ]] &&
+  "$PY" -c "import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)" 2>/dev/null; then
+  DEVICE_ARGS+=(--drafter-bf16-autocast)
+  log "this CPU has native bfloat16: training with --drafter-bf16-autocast (CMASD_DRAFTER_FP32=1 trains in float32)"
 fi
 
 RESUME_ARGS=()
