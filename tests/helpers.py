@@ -471,6 +471,11 @@ def threshold(df: int) -> float:
     return df + 10 * math.sqrt(2 * df)
 
 
+def rows_of(record, name):
+    """cmasd-bench's bench.json rows of configuration ``name``, by batch size."""
+    return {r["batch_size"]: r for r in record["rows"] if r["config"] == name}
+
+
 # ------------------------------------------------------------------ tiny language models
 # (the fixtures lm_data, lm and draft_lm in conftest.py)
 

@@ -13,7 +13,7 @@ import sys
 import matplotlib.colors
 import pytest
 import torch
-from helpers import BIN, run, source_batch, tiny_bart, tiny_transformer
+from helpers import BIN, rows_of, run, source_batch, tiny_bart, tiny_transformer
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front
@@ -56,10 +56,6 @@ def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
 @pytest.fixture(scope="module")
 def bench_json(bench_out):
     return json.loads((bench_out / "bench.json").read_text())
-
-
-def rows_of(record, name):
-    return {r["batch_size"]: r for r in record["rows"] if r["config"] == name}
 
 
 def test_bench_has_every_row(bench_json):

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from helpers import BIN, run
+from helpers import BIN, rows_of, run
 
 CT2 = ["ct2-greedy"] if importlib.util.find_spec("ctranslate2") else []  # the bench skips it without CTranslate2
 LOSSLESS = ["loop-greedy", "ar-g4-exact", "history-k8-exact"]
@@ -35,10 +35,6 @@ def bench_out(lm_data, lm, draft_lm, tmp_path_factory):
 @pytest.fixture(scope="module")
 def bench_json(bench_out):
     return json.loads((bench_out / "bench.json").read_text())
-
-
-def rows_of(record, name):
-    return {r["batch_size"]: r for r in record["rows"] if r["config"] == name}
 
 
 def test_every_row_continues_every_prompt_and_lossless_rows_as_greedy(bench_json):
