@@ -257,10 +257,10 @@ class SpeculativeGenerator:
         for row in range(bsz):
             if ended[row]:
                 finished[rows[row]] = [self.hypothesis(state, row, lengths[row], steps[row])]
+        if not kept:  # the batch is done: nothing to keep (selecting every cache down to 0 rows cost a copy each)
+            return replace(state, rows=state.rows[:0])
         if len(kept) < bsz:
             state = state.select(torch.tensor(kept, dtype=torch.long, device=done.device))
-        if not kept:
-            return state
         return self.reserve(replace(state, shortest=host[-2], longest=host[-1]))
 
     @staticmethod

@@ -38,6 +38,7 @@ from cmasd.drafters.base import (
     DraftRequest,
     ModelDrafter,
     ModelDrafterOptions,
+    Pending,
     Source,
     choose,
     chosen_probability,
@@ -45,17 +46,6 @@ from cmasd.drafters.base import (
 )
 from cmasd.drafters.shortlist import Shortlist, narrow, shortlist_of
 from cmasd.errors import UsageError
-
-
-@dataclass(frozen=True)
-class Pending:
-    """What a draft model's cache is built from at its first draft: the batch's source,
-    the rows of it still active (in order), and the capacity asked for so far."""
-
-    source: Source
-    rows: Tensor  # (B,) indices into the source's rows
-    capacity: int
-    padded: Optional[bool] = None  # whether any source token is padding (read at the start); None: no source
 
 
 @dataclass(frozen=True)
@@ -73,13 +63,12 @@ class ARDrafterState:
 
     def select(self, rows: Tensor) -> "ARDrafterState":
         if self.cache is None:
-            return replace(self, cached=self.cached.index_select(0, rows),
-                           pending=replace(self.pending, rows=self.pending.rows.index_select(0, rows)))
+            return replace(self, cached=self.cached.index_select(0, rows), pending=self.pending.select(rows))
         return ARDrafterState(self.cache.select(rows), self.cached.index_select(0, rows))
 
     def grow(self, capacity: int) -> "ARDrafterState":
         if self.cache is None:
-            return replace(self, pending=replace(self.pending, capacity=max(capacity, self.pending.capacity)))
+            return replace(self, pending=self.pending.grow(capacity))
         return replace(self, cache=self.cache.grow(capacity))
 
 

@@ -1,12 +1,12 @@
 """Helpers of the drafters: how a model drafter chooses its tokens (``choose``, over the
 whole vocabulary or a shortlist of it, ``cmasd.drafters.shortlist``) and makes its draft
-(``model_draft``), the point mass of a lookup's draft, and the drafter that drafts nothing,
-and the options of the model drafters that run a model of their own
+(``model_draft``), the point mass of a lookup's draft, the drafter that drafts nothing,
+what a model drafter builds its batch record from at its first draft (``Pending``), and the options of the model drafters that run a model of their own
 (``ModelDrafterOptions``). The contract itself and its records live on the ground floor
 (``cmasd.core.drafting``) and are imported here too, where the drafters and outside code
 have always found them."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple
 
 import torch
@@ -28,6 +28,26 @@ from cmasd.core.drafting import (  # noqa: F401  (the contract, at its old addre
 )
 from cmasd.core.sampling import draw
 from cmasd.drafters.shortlist import Shortlist
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What a model drafter's batch record (its cache) is built from at the batch's first
+    draft: the batch's source, the rows of it still active (in order), and the capacity
+    asked for so far. A batch whose rows never draft, as under a cost-aware controller that
+    finds drafting does not pay, then pays neither for the drafter's encoder keys nor for
+    copying its cache as rows finish."""
+
+    source: Source
+    rows: Tensor  # (B,) indices into the source's rows
+    capacity: int
+    padded: Optional[bool] = None  # whether any source token is padding (read at the start); None: no source
+
+    def select(self, rows: Tensor) -> "Pending":
+        return replace(self, rows=self.rows.index_select(0, rows))
+
+    def grow(self, capacity: int) -> "Pending":
+        return replace(self, capacity=max(capacity, self.capacity))
 
 
 @dataclass

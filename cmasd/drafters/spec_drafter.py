@@ -7,7 +7,8 @@ fairseq-train trains.
 
 Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
 slots are never cached, and nothing is ever rolled back (the slots are recomputed every
-pass). Decoding runs a copy of the decoder's weights prepared once
+pass). It is built at the batch's first draft (``Pending`` until then): a batch whose rows
+never draft computes none of its encoder keys. Decoding runs a copy of the decoder's weights prepared once
 (``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv, int8 or bf16 kernels). With
 ``--spec-draft-shortlist N`` the pass projects its slots onto the N most frequent pieces
 only (``cmasd.drafters.shortlist``): the drafts are among them, their distribution and
@@ -16,14 +17,14 @@ confidence are the shortlist's.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from cmasd.layers.prepared import DecodingDecoder, additive_mask
 from cmasd.layers.cache import encoder_states, keep_rows, widened
-from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Source, model_draft
+from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Pending, Source, model_draft
 from cmasd.drafters.shortlist import Shortlist, narrow, shortlist_of
 from cmasd.errors import UsageError
 from cmasd.models.spec_drafter import SpecDrafterModel
@@ -122,21 +123,41 @@ class SpecDrafter(ModelDrafter):
         """The drafter's own encoder output (``uses_own_encoder``)."""
         return self.model.encode(src_tokens, src_lengths)
 
-    def start(self, source: Source, capacity: int) -> SpecDrafterCache:
-        encoder_out = self.encode(source.tokens, source.lengths) if self.uses_own_encoder else source.encoder_out
-        return self.start_cache(encoder_out, capacity)
+    def start(self, source: Source, capacity: int) -> Pending:
+        """Nothing built yet: the cache waits for the batch's first draft (``Pending``),
+        which feeds each row's whole prefix."""
+        bsz, device = source.tokens.size(0), source.tokens.device
+        # whether the encoder keys need a padding mask: read here, with the batch's other
+        # reads, not in the iteration that first drafts
+        padded = bool(source.tokens.eq(self.model.encoder.padding_idx).any())
+        return Pending(source, torch.arange(bsz, device=device), capacity, padded)
 
-    def draft(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, SpecDrafterCache]:
+    def built(self, pending: Pending) -> SpecDrafterCache:
+        """The cache of ``pending``'s rows still active: the drafter's own encoder run
+        where it has one, its encoder keys computed and the finished rows dropped."""
+        source = pending.source
+        encoder_out = self.encode(source.tokens, source.lengths) if self.uses_own_encoder else source.encoder_out
+        cache = self.start_cache(encoder_out, pending.capacity, pending.padded)
+        if pending.rows.numel() < source.tokens.size(0):  # rows only ever leave, in order: fewer means some left
+            cache = cache.select(pending.rows)
+        return cache
+
+    def draft(self, state: Union[Pending, SpecDrafterCache], tokens: Tensor, lengths: Tensor,
+              request: DraftRequest) -> Tuple[Draft, SpecDrafterCache]:
+        if isinstance(state, Pending):
+            state = self.built(state)
         logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block)  # (B, H, V or N)
         return model_draft(logits, request, self.padding_idx, shortlist=self.shortlist), state
 
     @torch.no_grad()
-    def start_cache(self, encoder_out: Dict[str, List[Tensor]], max_len: int) -> SpecDrafterCache:
+    def start_cache(self, encoder_out: Dict[str, List[Tensor]], max_len: int,
+                    padded: Optional[bool] = None) -> SpecDrafterCache:
         """An empty cache for rows of at most ``max_len`` prefix tokens (BOS included),
         with the encoder keys/values of every layer computed once. ``encoder_out``: the
-        verifier's encoder output (frozen encoder), else ``encode``'s."""
+        verifier's encoder output (frozen encoder), else ``encode``'s; ``padded``: whether
+        any source token is padding, where the caller knows it (None: read here)."""
         states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
-        cross, cross_bias = self.decoder.cross_keys(states, real)
+        cross, cross_bias = self.decoder.cross_keys(states, real, padded)
         dec = self.decoder
         shape = (states.size(0), 2 * dec.heads, max_len + 1, dec.head_dim)
         return SpecDrafterCache(
