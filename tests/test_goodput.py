@@ -89,6 +89,53 @@ def test_a_row_at_zero_probes_and_waits_longer_after_each_failure():
     assert len(drafting) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes, ever further apart
 
 
+def test_later_rows_start_from_the_probe_period_reached_until_drafting_pays_again():
+    """Where no draft is ever accepted, each probe doubles the period (up to PROBE_CAP
+    times the option) and rows of later batches start from it, so they probe ever more
+    rarely; once a row drafts on its own, new rows start from the option's period again."""
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.2))
+    goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=2, limit=None, costs=costs, start="prior")
+    cap = goodput_module.PROBE_CAP * 2
+    starts, probes = [], []
+    for batch in range(40):  # batches of three rows, 20 iterations each, nothing accepted
+        state = goodput.start(3, torch.device("cpu"))
+        starts.append(int(state.wait[0]))
+        for i in range(20):
+            state = goodput.observe(state, state.plan, torch.zeros_like(state.plan))
+            if i >= 2 and state.planned.any():  # the batch's own first drafts aside
+                probes.append(batch * 20 + i)
+    assert starts == sorted(starts) and starts[0] == 2 and starts[-1] == cap
+    assert 0 < len(probes) < 40  # fewer probes than batches: later batches never reach their period
+    assert set(np.diff(probes[-3:]).tolist()) <= {cap, 2 * cap}  # the last ones a capped period apart
+    state = goodput.start(3, torch.device("cpu"))
+    state = goodput.observe(state, state.plan, state.plan)  # every draft accepted: drafting pays
+    assert goodput.start(3, torch.device("cpu")).wait.tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+def test_rows_below_an_acceptance_planned_at_zero_are_planned_at_zero(ragged, monkeypatch):
+    """The bound the controller keeps (see the module): on random tables, rows of equal
+    acceptance planned at 0 mean rows of lower acceptances, drafting weighed more, are
+    planned at 0 by ``plan_lengths`` itself; and the controller answers them without it."""
+    rng = np.random.default_rng(1)
+    checked = 0
+    for _ in range(300):
+        costs = table(draft_ms=float(rng.uniform(0.01, 0.6)), verify_ms=(1.0, float(rng.uniform(0.05, 0.8))),
+                      overhead_ms=float(rng.uniform(0.0, 0.5)), ragged=ragged)
+        rows, top, weight = int(rng.integers(2, 17)), float(rng.uniform(0.0, 1.0)), float(rng.uniform(0.5, 2.0))
+        if plan_lengths(np.full(rows, top), costs, K, weight).any():
+            continue
+        lower = top * rng.uniform(0.0, 1.0, size=rows)
+        lower[rng.integers(rows)] = top
+        assert not plan_lengths(lower, costs, K, weight * rng.uniform(1.0, 2.0)).any()
+        checked += 1
+    assert checked > 50
+    goodput = Goodput(K, prior=0.5, memory=0.7, probe_every=100, limit=None, costs=table(draft_ms=1.0, ragged=ragged))
+    assert not goodput.plan(np.full(8, 0.5)).any() and goodput.idle_below[8] == (0.5, goodput_module.IDLE_MARGIN)
+    monkeypatch.setattr(goodput_module, "plan_lengths", None)  # not called again
+    assert goodput.plan(np.array([0.1, 0.5, 0.3, 0.2, 0.4, 0.5, 0.0, 0.2])).tolist() == [0] * 8
+
+
 def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are():
     """``observe_one`` (plain Python, a row alone) against ``observe_rows`` (numpy) on one
     row: the same plans, counts, probes and predictions over a random run that drafts,
@@ -102,8 +149,9 @@ def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are():
     kinds = set()
     for i in range(300):
         a, b = states
-        assert (a.planned.tolist(), a.plan.tolist(), a.step, a.wait.tolist(), a.drafts, a.planned_for) == \
-            (b.planned.tolist(), b.plan.tolist(), b.step, b.wait.tolist(), b.drafts, b.planned_for)
+        assert (a.planned.tolist(), a.plan.tolist(), a.wait.tolist(), a.drafts, a.planned_for) == \
+            (b.planned.tolist(), b.plan.tolist(), b.wait.tolist(), b.drafts, b.planned_for)
+        assert (one.iterations, one.start_wait) == (rows.iterations, rows.start_wait)
         assert np.allclose([a.hits[0], a.misses[0], a.predicted], [b.hits[0], b.misses[0], b.predicted])
         sent = int(a.planned[0])
         kept = int(rng.integers(0, sent + 1)) if i < 100 or i > 200 else 0  # a stretch where nothing is accepted
@@ -222,7 +270,9 @@ def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_hal
     assert calls == []  # nothing drafted, nothing learnt: not planned again
     state = goodput.observe(state.select(torch.tensor([0, 2])), torch.zeros(2, dtype=torch.long),
                             torch.zeros(2, dtype=torch.long))
-    assert len(calls) == 1 and len(calls[0][0]) == 2  # half the rows finished: planned for the two left
+    # half the rows finished: planned for the two left (and again at a lower weight, for the
+    # bound on plans known to idle)
+    assert len(calls) == 2 and [len(c[0]) for c in calls] == [2, 2]
 
 
 def test_the_controller_refuses_what_it_cannot_plan_with():

@@ -36,11 +36,27 @@ per row and for a batch's pass, every iteration:
   ragged.
 * **Probes.** A row planned at k = 0 learns nothing about its acceptance; at multiples of
   its probe period (``--goodput-probe-every``, doubled after each probe that leaves it at
-  0, reset when it drafts on its own) of its own iteration count it is planned once as if
-  its acceptance were the prior. The rows of a batch start together, so the idle ones
-  probe at the same iterations: a draft pass runs every row, and probes at scattered
-  iterations would make the whole batch pay for one row's probe at most of them (as
-  ``Idle`` does for the other controllers).
+  0, at most ``PROBE_CAP`` times the option, reset when it keeps drafting after drafts of
+  its were accepted) it is planned
+  once as if its acceptance were the prior. The multiples are of the controller's own
+  iteration count, kept across batches, and every period is the option times a power of
+  two: the idle rows of a batch probe at the same iterations (a draft pass runs every row,
+  and probes at scattered iterations would make the whole batch pay for one row's probe at
+  most of them, as ``Idle`` does for the other controllers). A new row starts from the
+  longest period a probe has reached since a row last kept drafting after drafts of its
+  were accepted: where drafting
+  fails (out of domain), rows of later sentences and batches do not probe again at the
+  option's period, which cost every sentence of a batch-1 run a draft pass (0.90-0.92x
+  ``loop-greedy`` with the Spec-Drafter); where it pays, they do.
+* **Plans known to idle.** Where rows of equal acceptance a are planned at 0 with drafting
+  weighed d times, rows of acceptance at most a, weighed at least d, are planned at 0 too
+  (no set of drafts gains more tokens at lower acceptance, nor costs less at a larger d;
+  at equal acceptance taking drafts position by position is the best set of each size,
+  which the plan tries). The controller keeps that bound for each row count (at
+  ``IDLE_MARGIN`` times the weight where the plan idles there too: the weight moves a little
+  with every timed iteration) and plans nothing where it applies: an idle batch's rows
+  share their acceptance, and planning 8-16 rows again as they finish cost about 180 us
+  each time.
 
 * **Measured iterations** (``--goodput-correction timing``, the default). A table measures
   each part alone, with the models' weights hot in the caches; an iteration of the loop
@@ -94,6 +110,8 @@ CORRECTIONS = ("timing", "none")
 STARTS = ("learned", "prior")
 POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
 POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
+PROBE_CAP = 64  # a probe period grows to at most this many times --goodput-probe-every
+IDLE_MARGIN = 0.8  # a bound on plans known to idle is tried at this times the drafting weight it was found at
 
 
 @dataclass
@@ -114,8 +132,9 @@ class GoodputOptions:
                   "(0: the last one alone)"},
     )
     goodput_probe_every: int = field(
-        default=16, metadata={"help": "goodput: the probe period of a row planned at k = 0, in its iterations; it "
-                              "doubles after each probe that does not pay"}
+        default=16, metadata={"help": "goodput: the probe period of a row planned at k = 0, in iterations; it "
+                              "doubles after each probe that does not pay, up to 64 times this, and new rows start "
+                              "from the longest reached since a row last drafted on its own"}
     )
     goodput_correction: str = field(
         default="timing",
@@ -135,14 +154,13 @@ class GoodputOptions:
 @dataclass(frozen=True)
 class GoodputState(RowState):
     """Per row: decayed counts of accepted and rejected drafts, the plan for the next
-    iteration (on the model's device), iterations since it last drafted, and its current
-    wait before a probe (the counts in numpy arrays on the host, where the plan is made)."""
+    iteration (on the model's device) and its current probe period (the counts in numpy
+    arrays on the host, where the plan is made)."""
 
     hits: np.ndarray  # (B,) float
     misses: np.ndarray  # (B,) float
     plan: Tensor  # (B,) long: drafts to send next iteration
-    step: int  # iterations the rows have run (the rows of a batch start together and leave only)
-    wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it)
+    wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it of the controller's iterations)
     planned: np.ndarray  # (B,) int64: ``plan`` on the host
     predicted: float = 0.0  # seconds the cost table gives the planned iteration
     clock: Optional[float] = None  # time.perf_counter() at the last observe (None: none yet this batch)
@@ -153,7 +171,7 @@ class GoodputState(RowState):
     def select(self, rows: Tensor) -> "GoodputState":
         here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
         planned = self.planned[here]
-        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.step, self.wait[here], planned,
+        return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.wait[here], planned,
                             self.predicted, self.clock, self.planned_for, self.predicted_for, bool(planned.any()))
 
 
@@ -258,6 +276,9 @@ class Goodput(Controller):
         self.costs = costs
         self.correction, self.start_from = correction, start
         self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
+        self.iterations = 0  # iterations observed, over every batch: the probes' clock
+        self.start_wait = probe_every  # the probe period new rows start from
+        self.idle_below: Dict[int, Tuple[float, float]] = {}  # rows -> (acceptance, drafting) planned at 0
         self.iteration_seconds: Dict[Tuple[int, int, int], float] = {}  # plan_seconds by (rows, longest, total)
         self.one_row_plans: Dict[Tuple[int, torch.device], Tensor] = {}  # a row alone's plan tensor for each k
         # measured / predicted seconds of idle [:, 0] and drafting [:, 1] iterations of 1,
@@ -282,7 +303,7 @@ class Goodput(Controller):
         if max(costs.widths) < self.k_max + 1:
             raise UsageError(f"the cost table measures verify passes of up to {max(costs.widths)} positions a row, "
                              f"fewer than --spec-k-max + 1 = {self.k_max + 1}")
-        self.costs, self.iteration_seconds = costs, {}
+        self.costs, self.iteration_seconds, self.idle_below = costs, {}, {}
         # corrections of another table mean nothing for this one
         self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
         self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]
@@ -324,9 +345,20 @@ class Goodput(Controller):
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
         if len(acceptance) == 1:
             return np.array([self.plan_row(float(acceptance[0]))], dtype=np.int64)
-        if self.timing_idle(len(acceptance)):
-            return np.zeros(len(acceptance), dtype=np.int64)
-        return plan_lengths(acceptance, self.costs, self.k_max, self.drafting(len(acceptance)))
+        rows = len(acceptance)
+        if self.timing_idle(rows):
+            return np.zeros(rows, dtype=np.int64)
+        drafting, top = self.drafting(rows), float(acceptance.max())
+        bound = self.idle_below.get(rows)
+        if bound is not None and top <= bound[0] and drafting >= bound[1]:  # known to idle (see the module)
+            return np.zeros(rows, dtype=np.int64)
+        lengths = plan_lengths(acceptance, self.costs, self.k_max, drafting)
+        if not lengths.any() and float(acceptance.min()) == top:
+            # the bound, with room for the timing correction's noise where it holds there too
+            lower = drafting * IDLE_MARGIN
+            held = not plan_lengths(acceptance, self.costs, self.k_max, lower).any()
+            self.idle_below[rows] = (top, lower if held else drafting)
+        return lengths
 
     def plan_row(self, acceptance: float) -> int:
         """``plan`` of a row alone, whose drafts are accepted with probability ``acceptance``."""
@@ -344,10 +376,23 @@ class Goodput(Controller):
     def start(self, rows: int, device: torch.device) -> GoodputState:
         acceptance, weight = self.starting_acceptance()
         prior = np.full(rows, acceptance)
+        wait = np.full(rows, self.start_wait, dtype=np.int64)
+        if rows == 1:  # a row alone: its plan tensor made once for each k (at batch 1, a start per sentence)
+            k = self.plan_row(acceptance)
+            plan = np.array([k])
+            return GoodputState(weight * prior, weight * (1 - prior), self.row_plan(k, device), wait, plan,
+                                self.seconds(plan, k, k), None, 1, 1, k > 0)
         plan = self.plan(prior)
-        return GoodputState(weight * prior, weight * (1 - prior), torch.as_tensor(plan, device=device),
-                            0, np.full(rows, self.probe_every, dtype=np.int64), plan, self.seconds(plan), None, rows,
-                            rows, bool(plan.any()))
+        return GoodputState(weight * prior, weight * (1 - prior), torch.as_tensor(plan, device=device), wait, plan,
+                            self.seconds(plan), None, rows, rows, bool(plan.any()))
+
+    def row_plan(self, k: int, device: torch.device) -> Tensor:
+        """The plan tensor (1,) of a row alone sending ``k`` drafts: made once for each k
+        and device (the loop never writes a plan)."""
+        tensor = self.one_row_plans.get((k, device))
+        if tensor is None:
+            tensor = self.one_row_plans[k, device] = torch.tensor([k], device=device)
+        return tensor
 
     def budget(self, state: GoodputState) -> Tensor:
         return state.plan
@@ -383,7 +428,6 @@ class Goodput(Controller):
         rows = len(state.planned)
         drafted = None if sent is None else sent > 0  # (B,)
         learnt = drafted is not None and bool(drafted.any())
-        step = state.step + 1  # the index of the rows' next iteration
         hits, misses, acceptance, plan = state.hits, state.misses, None, state.planned
         # nothing learnt, as many rows as it was made for to a power of two, and no new
         # correction: the plan stands
@@ -396,31 +440,38 @@ class Goodput(Controller):
                 self.learn(float(kept.sum()), float(rejected.sum()))
             acceptance = hits / (hits + misses)
             plan = self.plan(acceptance)  # (B,)
-        wait = state.wait
+        self.iterations += 1
+        wait, step = state.wait, self.iterations
         # probes: none is due where every row sits at 0 as before and the step is not a
         # multiple of the probe period (each row waits a multiple of it): nothing to check
         if plan is not state.planned or state.drafts or step % self.probe_every == 0:
             probe = step % wait == 0  # (B,) rows whose probe is due, if they sit at 0
             if plan is not state.planned or state.drafts:
                 drafting = plan > 0
-                wait = np.where(drafting, self.probe_every, wait)
                 probe &= ~drafting
+                if learnt:
+                    paid = drafting & (kept > 0)  # (B,) rows that keep drafting after drafts of theirs were accepted
+                    if paid.any():  # their probes, and new rows', come at the option's period again
+                        wait = np.where(paid, self.probe_every, wait)
+                        self.start_wait = self.probe_every
             if probe.any():
                 acceptance = hits / (hits + misses) if acceptance is None else acceptance
                 plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
-                wait = np.where(probe, wait * 2, wait)
+                wait = np.where(probe, np.minimum(wait * 2, PROBE_CAP * self.probe_every), wait)
+                self.start_wait = max(self.start_wait, int(wait[probe].max()))
         if plan is state.planned:  # the same plan, on the device already
             predicted = state.predicted if state.predicted_for == rows else self.seconds(plan)
-            return GoodputState(hits, misses, state.plan, step, wait, plan, predicted, now, state.planned_for, rows,
+            return GoodputState(hits, misses, state.plan, wait, plan, predicted, now, state.planned_for, rows,
                                 state.drafts)
-        return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), step, wait, plan,
+        return GoodputState(hits, misses, torch.as_tensor(plan, device=state.plan.device), wait, plan,
                             self.seconds(plan), now, rows, rows, bool(plan.any()))
 
     def observe_one(self, state: GoodputState, sent: int, kept: int, now: float, timed: bool = False) -> GoodputState:
         """``observe_rows`` for a row alone, in plain Python (the same arithmetic and
         plans: tested against it)."""
         hits, misses = float(state.hits[0]), float(state.misses[0])
-        step, wait, planned = state.step + 1, int(state.wait[0]), int(state.planned[0])
+        self.iterations += 1
+        step, wait, planned = self.iterations, int(state.wait[0]), int(state.planned[0])
         plan, acceptance = planned, None
         if sent > 0 or state.planned_for > 1 or timed:  # learnt, planned for more rows, or a new correction
             if sent > 0:
@@ -430,20 +481,19 @@ class Goodput(Controller):
             acceptance = hits / (hits + misses)
             plan = self.plan_row(acceptance)
         if plan > 0:
-            wait = self.probe_every
+            if kept > 0:  # it keeps drafting after drafts were accepted: probes at the option's period again
+                wait = self.start_wait = self.probe_every
         elif step % wait == 0:  # its probe is due
             acceptance = hits / (hits + misses) if acceptance is None else acceptance
             plan = self.plan_row(max(acceptance, self.prior))
-            wait *= 2
-        arrays = (np.array([hits]), np.array([misses]), step, np.array([wait]))
+            wait = min(wait * 2, PROBE_CAP * self.probe_every)
+            self.start_wait = max(self.start_wait, wait)
+        arrays = (np.array([hits]), np.array([misses]), np.array([wait]))
         if plan == planned and state.planned_for == 1:  # the same plan, on the device already
             predicted = state.predicted if state.predicted_for == 1 else self.seconds(state.planned)
             return GoodputState(*arrays[:2], state.plan, *arrays[2:], state.planned, predicted, now, 1, 1, plan > 0)
-        tensor = self.one_row_plans.get((plan, state.plan.device))
-        if tensor is None:  # made once for each k and device (the loop never writes a plan)
-            tensor = self.one_row_plans[plan, state.plan.device] = torch.tensor([plan], device=state.plan.device)
         planned = np.array([plan])
-        return GoodputState(*arrays[:2], tensor, *arrays[2:], planned, self.seconds(planned, plan, plan), now, 1, 1,
+        return GoodputState(*arrays[:2], self.row_plan(plan, state.plan.device), *arrays[2:], planned, self.seconds(planned, plan, plan), now, 1, 1,
                             plan > 0)
 
     def learn(self, kept: float, rejected: float) -> None:
