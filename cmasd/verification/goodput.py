@@ -134,7 +134,7 @@ class GoodputOptions:
     goodput_probe_every: int = field(
         default=16, metadata={"help": "goodput: the probe period of a row planned at k = 0, in iterations; it "
                               "doubles after each probe that does not pay, up to 64 times this, and new rows start "
-                              "from the longest reached since a row last drafted on its own"}
+                              "from the longest reached since drafting last paid for a row"}
     )
     goodput_correction: str = field(
         default="timing",
