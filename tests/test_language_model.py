@@ -210,6 +210,22 @@ def test_a_prompt_with_an_eos_inside_ends_there_as_fairseqs(lm_data, lm, draft_l
         assert_same_continuations(continuations(task, models, generator, tokens, bsz), expected)
 
 
+def test_batches_over_a_split_cover_every_line(lm_data, lm):
+    """fairseq-generate over a split of a language model: at ``--batch-size 16`` and the
+    default ``--required-batch-size-multiple`` 8, fairseq's own batches leave out the
+    valid split's last lines (1,014: 6 after 63 batches of 16); the task's cover them all."""
+    task, _, _ = lm_task(lm_data, lm, "--sample-break-mode", "eos", "--gen-subset", "valid")
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    indices = dataset.ordered_indices()
+    lost = len(dataset) - sum(len(b) for b in dataset.batch_by_size(indices, None, 16, 8))
+    assert lost > 0  # what the task must make up for
+    batches = task.get_batch_iterator(dataset, max_sentences=16, required_batch_size_multiple=8,
+                                      num_workers=0).next_epoch_itr(shuffle=False)
+    ids = sorted(i for batch in batches for i in batch["id"].tolist())
+    assert ids == list(range(len(dataset)))
+
+
 def test_an_encoder_decoder_draft_model_is_refused_for_a_language_model(lm_data, lm):
     """A drafter must read what its verifier reads: an encoder-decoder model cannot draft for
     a language model (refused in one message naming --drafter-path)."""

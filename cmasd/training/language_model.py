@@ -11,8 +11,9 @@ or a lookup such as ``--spec-history-ngram``) ``build_generator`` returns
 and returns, as fairseq's generator does, the prompt and its continuation; without one,
 fairseq's own generator.
 
-Raw input lines (``fairseq-interactive``, the hub interface) get one output each, in order:
-batches cover every line (``CompleteBatches``), and a prompt longer than the model's
+Every line gets one output, in order: batches cover every line of a split or of the raw
+input (``CompleteBatches``), and for raw input lines (``fairseq-interactive``, the hub
+interface) a prompt longer than the model's
 positions is cut to its last tokens, with a warning (``fit_prompts``), where fairseq would
 stop the whole stream at it. An empty line is continued from the start token alone, as
 fairseq's generator continues it (the speculative generator warns).
@@ -76,13 +77,17 @@ class LanguageModelingSpeculativeTask(SpeculativeGeneration, LanguageModelingTas
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, **kwargs):
-        """fairseq's batch iterator; over raw prompts, batches cover every line
-        (``CompleteBatches``) and prompts too long for the model are cut to fit
-        (``fit_prompts``) unless ``--skip-invalid-size-inputs-valid-test`` skips them."""
+        """fairseq's batch iterator over ``dataset``, whose batches cover every line
+        (``CompleteBatches``) whatever ``--batch-size``, ``--max-tokens`` and
+        ``--required-batch-size-multiple``, a split's as raw prompts; raw prompts too long
+        for the model are cut to fit (``fit_prompts``) unless
+        ``--skip-invalid-size-inputs-valid-test`` skips them."""
         if hasattr(dataset, "raw_prompts"):  # used once: not kept
             if max_positions is not None and not ignore_invalid_inputs:
                 dataset = self.fit_prompts(dataset, max_positions)
             dataset = CompleteBatches(dataset)
+        else:
+            dataset = self.complete(dataset)
         return super().get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=max_sentences,
                                           max_positions=max_positions, ignore_invalid_inputs=ignore_invalid_inputs,
                                           **kwargs)

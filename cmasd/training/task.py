@@ -161,6 +161,16 @@ class SpeculativeGeneration:
     log_stats = True  # a speculative generator logs its run's statistics at exit (fairseq-generate)
     drafters: dict  # (path, device, dtype) -> the drafter model loaded from it
 
+    def complete(self, dataset):
+        """``dataset`` whose batches cover every index (``CompleteBatches``): the same
+        wrapper each time for a split's dataset (fairseq caches its iterators by dataset)."""
+        if isinstance(dataset, CompleteBatches):
+            return dataset
+        wrapped = self.__dict__.setdefault("complete_datasets", {})  # split dataset -> its CompleteBatches
+        if dataset not in wrapped:
+            wrapped[dataset] = CompleteBatches(dataset)
+        return wrapped[dataset]
+
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """The speculative generator when a drafter is named (verifier = ``models[0]``,
         checked against ``args``, fairseq's generation options), else fairseq's own, as
@@ -198,7 +208,6 @@ class TranslationSpeculativeTask(SpeculativeGeneration, TranslationTask):
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
-        self.complete_datasets = {}  # split dataset -> its CompleteBatches (fairseq caches iterators by dataset)
         self.drafters = {}
         if cfg.drafter_bf16_autocast:
             bound_onednn_cache()
@@ -247,10 +256,8 @@ class TranslationSpeculativeTask(SpeculativeGeneration, TranslationTask):
             if max_positions is not None and not ignore_invalid_inputs:
                 dataset = self.fit_sources(dataset, max_positions)
             dataset = CompleteBatches(dataset)
-        elif not isinstance(dataset, CompleteBatches):
-            if dataset not in self.complete_datasets:
-                self.complete_datasets[dataset] = CompleteBatches(dataset)
-            dataset = self.complete_datasets[dataset]
+        else:
+            dataset = self.complete(dataset)
         return super().get_batch_iterator(dataset, max_tokens=max_tokens, max_sentences=max_sentences,
                                           max_positions=max_positions, ignore_invalid_inputs=ignore_invalid_inputs,
                                           **kwargs)
