@@ -136,12 +136,14 @@ def test_rows_below_an_acceptance_planned_at_zero_are_planned_at_zero(ragged, mo
     assert goodput.plan(np.array([0.1, 0.5, 0.3, 0.2, 0.4, 0.5, 0.0, 0.2])).tolist() == [0] * 8
 
 
-def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are():
+@pytest.mark.parametrize("acceptance", goodput_module.ACCEPTANCE_MODELS)
+def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are(acceptance):
     """``observe_one`` (plain Python, a row alone) against ``observe_rows`` (numpy) on one
     row: the same plans, counts, probes and predictions over a random run that drafts,
     idles and probes, after a batch of four shrank to it."""
     costs = table(draft_ms=0.05, verify_ms=(1.0, 0.3))
-    one, rows = (Goodput(K, prior=0.6, memory=0.7, probe_every=2, limit=None, costs=costs) for _ in range(2))
+    one, rows = (Goodput(K, prior=0.6, memory=0.7, probe_every=2, limit=None, costs=costs, acceptance=acceptance)
+                 for _ in range(2))
     states = [g.start(4, torch.device("cpu")) for g in (one, rows)]
     states = [g.observe_rows(st, st.planned, st.planned, now=0.0) for g, st in zip((one, rows), states)]
     states = [st.select(torch.tensor([2])) for st in states]  # three rows finished
@@ -159,6 +161,34 @@ def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are():
         states = [one.observe_one(a, sent, kept, now=float(i)), rows.observe_rows(b, np.array([sent]), np.array([kept]),
                                                                                   now=float(i))]
     assert kinds == {True, False} and one.pool == pytest.approx(rows.pool)
+    assert (one.profile is None) == (acceptance == "geometric")
+
+
+def test_a_row_alone_plans_as_the_rows_do_with_a_profile():
+    """``plan_one`` against ``plan_lengths`` with position profiles, on random tables."""
+    rng = np.random.default_rng(2)
+    for _ in range(500):
+        costs = table(draft_ms=float(rng.uniform(0.01, 0.4)), verify_ms=(1.0, float(rng.uniform(0.05, 0.6))))
+        a, profile = float(rng.uniform(0.0, 1.0)), rng.uniform(0.2, 1.6, size=K)
+        assert goodput_module.plan_one(a, costs, K, 1.0, tuple(profile)) == plan_lengths(np.array([a]), costs, K, 1.0,
+                                                                                         profile)[0]
+
+
+def test_positions_learnt_send_as_many_drafts_as_are_accepted():
+    """Rows whose first two drafts are always accepted and the third never: positional
+    acceptance learns that the third draft fails, and plans two; geometric, fitting one
+    acceptance to all of them (2/3 an iteration), plans otherwise."""
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))
+    plans = {}
+    for model in goodput_module.ACCEPTANCE_MODELS:
+        goodput = Goodput(K, prior=0.9, memory=0.7, probe_every=100, limit=None, costs=costs, acceptance=model)
+        state = goodput.start(4, torch.device("cpu"))
+        for _ in range(60):
+            state = goodput.observe(state, state.plan, state.plan.clamp(max=2))
+        plans[model] = state.planned.tolist()
+        if model == "positional":
+            assert goodput.profile[:2].min() > 1.0 > 0.5 > goodput.profile[2]
+    assert plans["positional"] == [2, 2, 2, 2] and plans["geometric"] != plans["positional"]
 
 
 def test_rows_left_at_zero_are_timed_as_idle():
@@ -173,6 +203,19 @@ def test_rows_left_at_zero_are_timed_as_idle():
     assert not left.drafts
     goodput.observe(left, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
     assert goodput.timed[0] == [1, 0]  # one idle iteration of one row
+
+
+def test_a_drafting_iteration_after_an_idle_one_is_not_timed():
+    """Its drafter caught up on the tokens accepted while it idled: not what drafting on
+    costs. The drafting iterations after it are timed."""
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))
+    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=100, limit=None, costs=costs, correction="timing")
+    state = goodput.start(1, torch.device("cpu"))
+    idle = replace(state, planned=np.zeros(1, dtype=np.int64), drafts=False, clock=0.0, predicted=1.0)
+    drafting = replace(state, planned=np.array([3]), drafts=True, clock=0.0, predicted=1.0)
+    for kind in (idle, drafting, drafting, idle, drafting):
+        goodput.time(kind, 2.0)
+    assert goodput.timed[0] == [2, 1]
 
 
 def test_new_rows_start_from_the_acceptance_seen_so_far():

@@ -12,7 +12,19 @@ per row and for a batch's pass, every iteration:
   a failure, both decayed by ``--goodput-memory`` per drafting iteration; a row starts
   from the prior (``--goodput-prior``) as if it had seen ``PRIOR_WEIGHT`` drafts, which
   decay as the row's own do. A row sending k drafts then gains 1 + a + ... + a^k tokens
-  in expectation. The prior a row starts from is learnt (``--goodput-start learned``, the
+  in expectation (``--goodput-acceptance geometric``, the default). Drafts are not alike,
+  though: a draft model's first drafts are accepted more often than its later ones (a
+  language model's drafts at gamma 2, 77% a draft, at gamma 4, 51%), and one number fitted
+  to long drafts undervalues short ones. ``positional`` keeps, pooled over rows and
+  batches like the learnt start, each position's conditional acceptance c_j (of the
+  drafts that reached position j, the share accepted; decayed by ``POOL_MEMORY`` per
+  drafting iteration, shrunk towards the pooled acceptance c by ``POSITION_PRIOR`` drafts'
+  worth) and gives row r's j-th draft min(a_r c_j / c, 0.999): a row as good as the pool
+  gets the pool's profile, a better or worse one the profile scaled. The j-th draft then
+  adds the product of its own and the earlier ones' to the expected tokens. Measured, it
+  does not pay yet (docs/results/speculation-pays.md): with the shortlisted draft model at
+  batch 1 on Multi30k it ran 0.93x fixed gamma 4 where geometric ran 0.98x (its books cost
+  0.05 ms an iteration more), and on the CNN/DM language model both idled. The prior a row starts from is learnt (``--goodput-start learned``, the
   default): the acceptance of every row's drafts so far, pooled over the rows of every
   batch and decayed by ``POOL_MEMORY`` per drafting iteration, once ``POOL_MIN`` drafts'
   worth of evidence is in (``--goodput-prior`` until then, and always with ``prior``),
@@ -73,7 +85,11 @@ per row and for a batch's pass, every iteration:
   ``TIMING_MIN`` times at that many rows (the table misjudges both kinds alike in part:
   Python's own time, say; corrected on one side only, that part would count against
   drafting where rows never idle). Idle iterations keep correcting the idle
-  estimate, drafting ones and probes the drafting one. ``none``: the table alone, so that a
+  estimate, drafting ones the drafting one, but for a drafting iteration after an idle one
+  (a probe, a row's first drafts after idling): its drafter first catches up on every token
+  accepted while it idled, which drafting on does not pay again (on a CNN/DM language
+  model such iterations ran at 2x the table and steady ones at 1.5x, and weighing drafting
+  by them kept rows idle where gamma 2 ran 1.2x faster). ``none``: the table alone, so that a
   given table gives the same plans (tests).
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
@@ -110,6 +126,8 @@ CORRECTIONS = ("timing", "none")
 STARTS = ("learned", "prior")
 POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
 POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
+POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's estimate starts from
+ACCEPTANCE_MODELS = ("geometric", "positional")
 PROBE_CAP = 64  # a probe period grows to at most this many times --goodput-probe-every
 IDLE_MARGIN = 0.8  # a bound on plans known to idle is tried at this times the drafting weight it was found at
 
@@ -142,6 +160,13 @@ class GoodputOptions:
                   "iterations really take than idle ones (timed as the loop runs: a draft model's catch-up, cache "
                   "traffic between the models, bookkeeping); none: the table alone (the same plans for a given table)",
                   "choices": CORRECTIONS},
+    )
+    goodput_acceptance: str = field(
+        default="geometric",
+        metadata={"help": "goodput: how a row's drafts are expected to be accepted: geometric: every draft alike, with "
+                  "the row's acceptance; positional: the row's acceptance scaled by each draft position's, pooled over "
+                  "rows (a draft model's first drafts are accepted more often than its later ones)",
+                  "choices": ACCEPTANCE_MODELS},
     )
     goodput_start: str = field(
         default="learned",
@@ -196,19 +221,22 @@ def plan_seconds(plan: np.ndarray, costs: Costs, k_max: int) -> float:
     return (draft[h - 1] if h else 0.0) + float(np.interp(width, np.arange(1, k_max + 2), verify)) + overhead
 
 
-def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: float = 1.0) -> np.ndarray:
+def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: float = 1.0,
+                 profile: Optional[np.ndarray] = None) -> np.ndarray:
     """The draft length of each row, (B,) int, that maximises expected tokens per second
-    for rows whose drafts are accepted with probabilities ``acceptance`` (B,), an iteration
-    that drafts taking ``drafting`` times the table's seconds (relative to one that does
-    not)."""
+    for rows whose drafts are accepted with probabilities ``acceptance`` (B,) (the j-th
+    times ``profile[j - 1]`` where given, (k_max,)), an iteration that drafts taking
+    ``drafting`` times the table's seconds (relative to one that does not)."""
     rows = len(acceptance)
-    a = np.clip(acceptance, 0.0, 0.999)
     if rows == 0 or k_max == 0:
         return np.zeros(rows, dtype=np.int64)
     verify, draft, overhead = cost_lines(costs, rows, k_max)
     widths = np.arange(1, k_max + 2)  # positions per row, 1 .. k_max + 1
     j = np.arange(1, k_max + 1)
-    gains = a[:, None] ** j[None, :]  # (B, K) expected tokens the j-th draft of each row adds
+    if profile is None:
+        gains = np.clip(acceptance, 0.0, 0.999)[:, None] ** j[None, :]  # (B, K) tokens the j-th draft of each row adds
+    else:
+        gains = np.cumprod(np.clip(acceptance[:, None] * profile[None, :k_max], 0.0, 0.999), axis=1)  # (B, K)
     best_value, best = rows / (verify[0] + overhead), np.zeros(rows, dtype=np.int64)
     if not costs.ragged:  # every row pays the widest block: each sends the most planned
         expected = rows + np.cumsum(gains.sum(axis=0))  # (K,) all rows at k = h
@@ -229,7 +257,8 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: flo
     return np.bincount(chosen, minlength=rows).astype(np.int64)
 
 
-def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0) -> int:
+def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0,
+             profile: Optional[Tuple[float, ...]] = None) -> int:
     """``plan_lengths`` for a single row, in plain Python: the k with the most expected
     tokens per second (the first of equals; 0 unless drafting gains)."""
     verify, draft, overhead = cost_lines(costs, 1, k_max)
@@ -237,7 +266,7 @@ def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0)
     best_k, best_value = 0, 1.0 / (float(verify[0]) + overhead)
     tokens, gain = 1.0, 1.0
     for k in range(1, k_max + 1):
-        gain *= a
+        gain *= a if profile is None else min(max(acceptance * profile[k - 1], 0.0), 0.999)
         tokens += gain
         value = tokens / (drafting * (float(draft[k - 1]) + float(verify[k]) + overhead))
         if value > best_value:
@@ -259,7 +288,8 @@ class Goodput(Controller):
     needs_costs = True
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
-                 costs: Optional[Costs] = None, correction: str = "none", start: str = "prior"):
+                 costs: Optional[Costs] = None, correction: str = "none", start: str = "prior",
+                 acceptance: str = "geometric"):
         within("--spec-k-max", k_max, 1, limit)
         if not 0.0 < prior < 1.0:
             raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
@@ -271,11 +301,18 @@ class Goodput(Controller):
             raise UsageError(f"--goodput-correction: choose from {', '.join(CORRECTIONS)}, got {correction!r}")
         if start not in STARTS:
             raise UsageError(f"--goodput-start: choose from {', '.join(STARTS)}, got {start!r}")
+        if acceptance not in ACCEPTANCE_MODELS:
+            raise UsageError(f"--goodput-acceptance: choose from {', '.join(ACCEPTANCE_MODELS)}, got {acceptance!r}")
         self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
         self.horizon = k_max
         self.costs = costs
         self.correction, self.start_from = correction, start
         self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
+        self.positional = acceptance == "positional"
+        self.reached = np.zeros(k_max)  # decayed drafts that reached each position (all before them accepted)
+        self.kept_at = np.zeros(k_max)  # and of them, those accepted
+        self.profile: Optional[np.ndarray] = None  # (k_max,) c_j / c (None: every position alike)
+        self.profile_row: Optional[Tuple[float, ...]] = None  # the same, for plan_one
         self.iterations = 0  # iterations observed, over every batch: the probes' clock
         self.start_wait = probe_every  # the probe period new rows start from
         self.idle_below: Dict[int, Tuple[float, float]] = {}  # rows -> (acceptance, drafting) planned at 0
@@ -287,11 +324,13 @@ class Goodput(Controller):
         # (plain lists: read and written every iteration, where numpy's calls would cost more)
         self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
         self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]  # iterations timed of each kind
+        self.drafted_last = False  # whether the last iteration observed ran a draft pass
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
         goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit,
-                      correction=cfg.goodput_correction, start=cfg.goodput_start)
+                      correction=cfg.goodput_correction, start=cfg.goodput_start,
+                      acceptance=cfg.goodput_acceptance)
         if cfg.spec_costs:
             goodput.use_costs(Costs.load(cfg.spec_costs))
         return goodput
@@ -319,11 +358,15 @@ class Goodput(Controller):
     def time(self, state: "GoodputState", now: float) -> bool:
         """Fold the iteration that ended at ``now`` (planned in ``state``) into the timing
         corrections. Whether it completed the idle timing of its row count (the plan is
-        then made again: the correction applies from now on)."""
-        if self.correction != "timing" or state.clock is None or state.predicted <= 0.0:
+        then made again: the correction applies from now on). A drafting iteration after an
+        idle one is not folded in: its drafter first caught up on every token accepted
+        while it idled (a draft model feeds them all), which a plan to keep drafting does
+        not pay again."""
+        kind = int(state.drafts)  # whether a draft pass ran
+        resumed, self.drafted_last = kind and not self.drafted_last, bool(kind)
+        if self.correction != "timing" or state.clock is None or state.predicted <= 0.0 or resumed:
             return False
         ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
-        kind = int(state.drafts)  # whether a draft pass ran
         b = bucket(len(state.planned))
         self.log_ratio[b][kind] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio[b][kind])
         self.timed[b][kind] += 1
@@ -352,17 +395,18 @@ class Goodput(Controller):
         bound = self.idle_below.get(rows)
         if bound is not None and top <= bound[0] and drafting >= bound[1]:  # known to idle (see the module)
             return np.zeros(rows, dtype=np.int64)
-        lengths = plan_lengths(acceptance, self.costs, self.k_max, drafting)
+        lengths = plan_lengths(acceptance, self.costs, self.k_max, drafting, self.profile)
         if not lengths.any() and float(acceptance.min()) == top:
             # the bound, with room for the timing correction's noise where it holds there too
             lower = drafting * IDLE_MARGIN
-            held = not plan_lengths(acceptance, self.costs, self.k_max, lower).any()
+            held = not plan_lengths(acceptance, self.costs, self.k_max, lower, self.profile).any()
             self.idle_below[rows] = (top, lower if held else drafting)
         return lengths
 
     def plan_row(self, acceptance: float) -> int:
         """``plan`` of a row alone, whose drafts are accepted with probability ``acceptance``."""
-        return 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1))
+        return 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1),
+                                                      self.profile_row)
 
     def starting_acceptance(self) -> Tuple[float, float]:
         """The acceptance new rows start from, and the drafts' worth of evidence it counts
@@ -438,6 +482,8 @@ class Goodput(Controller):
                 hits = hits * keep + kept
                 misses = misses * keep + rejected
                 self.learn(float(kept.sum()), float(rejected.sum()))
+                if self.positional:
+                    self.learn_positions(sent, kept)
             acceptance = hits / (hits + misses)
             plan = self.plan(acceptance)  # (B,)
         self.iterations += 1
@@ -478,6 +524,8 @@ class Goodput(Controller):
                 rejected = float(kept < sent)
                 hits, misses = hits * self.memory + kept, misses * self.memory + rejected
                 self.learn(float(kept), rejected)
+                if self.positional:
+                    self.learn_positions(np.array([sent]), np.array([kept]))
             acceptance = hits / (hits + misses)
             plan = self.plan_row(acceptance)
         if plan > 0:
@@ -499,6 +547,24 @@ class Goodput(Controller):
     def learn(self, kept: float, rejected: float) -> None:
         """Pool a drafting iteration's accepted drafts and rejections (over its rows)."""
         self.pool = (self.pool[0] * POOL_MEMORY + kept, self.pool[1] * POOL_MEMORY + rejected)
+
+    def learn_positions(self, sent: np.ndarray, kept: np.ndarray) -> None:
+        """Pool, per position, the drafts of rows that sent ``sent`` (B,) and kept ``kept``
+        (B,) that were reached and accepted, and make the profile the plans read (after
+        ``learn``: it is relative to the pooled acceptance). A new profile voids the bounds
+        on plans known to idle, which hold for one profile only."""
+        j = np.arange(1, self.k_max + 1)
+        reached = (sent[:, None] >= j) & (kept[:, None] >= j - 1)  # (B, K): every draft before it accepted
+        self.reached = self.reached * POOL_MEMORY + reached.sum(axis=0)
+        self.kept_at = self.kept_at * POOL_MEMORY + (kept[:, None] >= j).sum(axis=0)
+        total = self.pool[0] + self.pool[1]
+        pooled = self.pool[0] / total if total > 0 else 0.0
+        if pooled <= 0.0:  # nothing accepted yet: no position differs from another
+            self.profile = self.profile_row = None
+        else:
+            self.profile = (self.kept_at + POSITION_PRIOR * pooled) / (self.reached + POSITION_PRIOR) / pooled  # (K,)
+            self.profile_row = tuple(self.profile.tolist())
+        self.idle_below = {}
 
     def seconds(self, plan: np.ndarray, longest: Optional[int] = None, total: Optional[int] = None) -> float:
         """``plan_seconds`` of ``plan``, remembered by its rows, longest and total drafts
