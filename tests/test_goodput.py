@@ -205,19 +205,6 @@ def test_rows_left_at_zero_are_timed_as_idle():
     assert goodput.timed[0] == [1, 0]  # one idle iteration of one row
 
 
-def test_a_drafting_iteration_after_an_idle_one_is_not_timed():
-    """Its drafter caught up on the tokens accepted while it idled: not what drafting on
-    costs. The drafting iterations after it are timed."""
-    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))
-    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=100, limit=None, costs=costs, correction="timing")
-    state = goodput.start(1, torch.device("cpu"))
-    idle = replace(state, planned=np.zeros(1, dtype=np.int64), drafts=False, clock=0.0, predicted=1.0)
-    drafting = replace(state, planned=np.array([3]), drafts=True, clock=0.0, predicted=1.0)
-    for kind in (idle, drafting, drafting, idle, drafting):
-        goodput.time(kind, 2.0)
-    assert goodput.timed[0] == [2, 1]
-
-
 def test_new_rows_start_from_the_acceptance_seen_so_far():
     """``--goodput-start learned``: after rows whose drafts were always accepted, a new
     batch starts drafting more than the prior would; after rows whose drafts always
