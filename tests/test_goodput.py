@@ -2,7 +2,9 @@
 
 Its choices on hand-made cost tables and acceptance rates: k = 0 where drafting cannot
 pay, k growing with acceptance where it does, per row within a ragged batch, the same k
-for every row where verification is padded, probes after a row has sat at 0. The tables'
+for every row where verification is padded, probes after a row has sat at 0 (on the
+controller's clock, later rows starting from the period reached), the bound on plans
+known to idle, per-position acceptance. The tables'
 refusal of nonsense. Calibration's table for tiny models in process. Then through
 ``fairseq-generate``: lossless against ``--beam 1`` with every drafter kind that needs no
 extra checkpoint, at batch 1, 7 and 16, with a saved table (so that the plans vary
@@ -92,7 +94,8 @@ def test_a_row_at_zero_probes_and_waits_longer_after_each_failure():
 def test_later_rows_start_from_the_probe_period_reached_until_drafting_pays_again():
     """Where no draft is ever accepted, each probe doubles the period (up to PROBE_CAP
     times the option) and rows of later batches start from it, so they probe ever more
-    rarely; once a row drafts on its own, new rows start from the option's period again."""
+    rarely; once a row keeps drafting after drafts of its were accepted, new rows start
+    from the option's period again."""
     costs = table(draft_ms=0.02, verify_ms=(1.0, 0.2))
     goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=2, limit=None, costs=costs, start="prior")
     cap = goodput_module.PROBE_CAP * 2

@@ -1,10 +1,10 @@
 """Helpers of the drafters: how a model drafter chooses its tokens (``choose``, over the
 whole vocabulary or a shortlist of it, ``cmasd.drafters.shortlist``) and makes its draft
 (``model_draft``), the point mass of a lookup's draft, the drafter that drafts nothing,
-what a model drafter builds its batch record from at its first draft (``Pending``), and the options of the model drafters that run a model of their own
-(``ModelDrafterOptions``). The contract itself and its records live on the ground floor
-(``cmasd.core.drafting``) and are imported here too, where the drafters and outside code
-have always found them."""
+what a model drafter builds its batch record from at its first draft (``Pending``), and
+the options of the model drafters that run a model of their own (``ModelDrafterOptions``).
+The contract itself and its records live on the ground floor (``cmasd.core.drafting``) and
+are imported here too, where the drafters and outside code have always found them."""
 
 from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple

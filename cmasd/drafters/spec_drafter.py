@@ -8,11 +8,11 @@ fairseq-train trains.
 Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
 slots are never cached, and nothing is ever rolled back (the slots are recomputed every
 pass). It is built at the batch's first draft (``Pending`` until then): a batch whose rows
-never draft computes none of its encoder keys. Decoding runs a copy of the decoder's weights prepared once
-(``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv, int8 or bf16 kernels). With
-``--spec-draft-shortlist N`` the pass projects its slots onto the N most frequent pieces
-only (``cmasd.drafters.shortlist``): the drafts are among them, their distribution and
-confidence are the shortlist's.
+never draft computes none of its encoder keys. Decoding runs a copy of the decoder's
+weights prepared once (``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv,
+int8 or bf16 kernels). With ``--spec-draft-shortlist N`` the pass projects its slots onto
+the N most frequent pieces only (``cmasd.drafters.shortlist``): the drafts are among them,
+their distribution and confidence are the shortlist's.
 """
 
 import dataclasses

@@ -13,10 +13,10 @@ fairseq's own generator.
 
 Every line gets one output, in order: batches cover every line of a split or of the raw
 input (``CompleteBatches``), and for raw input lines (``fairseq-interactive``, the hub
-interface) a prompt longer than the model's
-positions is cut to its last tokens, with a warning (``fit_prompts``), where fairseq would
-stop the whole stream at it. An empty line is continued from the start token alone, as
-fairseq's generator continues it (the speculative generator warns).
+interface) a prompt longer than the model's positions is cut to its last tokens, with a
+warning (``fit_prompts``), where fairseq would stop the whole stream at it. An empty line
+is continued from the start token alone, as fairseq's generator continues it (the
+speculative generator warns).
 
 Registered in ``fairseq_plugins/tasks.py``; nothing is registered here.
 """

@@ -24,8 +24,9 @@ per row and for a batch's pass, every iteration:
   adds the product of its own and the earlier ones' to the expected tokens. Measured, it
   does not pay yet (docs/results/speculation-pays.md): with the shortlisted draft model at
   batch 1 on Multi30k it ran 0.93x fixed gamma 4 where geometric ran 0.98x (its books cost
-  0.05 ms an iteration more), and on the CNN/DM language model both idled. The prior a row starts from is learnt (``--goodput-start learned``, the
-  default): the acceptance of every row's drafts so far, pooled over the rows of every
+  0.05 ms an iteration more), and on the CNN/DM language model both idled.
+  The prior a row starts from is learnt (``--goodput-start learned``, the default): the
+  acceptance of every row's drafts so far, pooled over the rows of every
   batch and decayed by ``POOL_MEMORY`` per drafting iteration, once ``POOL_MIN`` drafts'
   worth of evidence is in (``--goodput-prior`` until then, and always with ``prior``),
   counting for ``LEARNED_WEIGHT`` drafts. A sentence of Multi30k lasts four or five
@@ -49,17 +50,16 @@ per row and for a batch's pass, every iteration:
 * **Probes.** A row planned at k = 0 learns nothing about its acceptance; at multiples of
   its probe period (``--goodput-probe-every``, doubled after each probe that leaves it at
   0, at most ``PROBE_CAP`` times the option, reset when it keeps drafting after drafts of
-  its were accepted) it is planned
-  once as if its acceptance were the prior. The multiples are of the controller's own
-  iteration count, kept across batches, and every period is the option times a power of
-  two: the idle rows of a batch probe at the same iterations (a draft pass runs every row,
-  and probes at scattered iterations would make the whole batch pay for one row's probe at
-  most of them, as ``Idle`` does for the other controllers). A new row starts from the
-  longest period a probe has reached since a row last kept drafting after drafts of its
-  were accepted: where drafting
-  fails (out of domain), rows of later sentences and batches do not probe again at the
-  option's period, which cost every sentence of a batch-1 run a draft pass (0.90-0.92x
-  ``loop-greedy`` with the Spec-Drafter); where it pays, they do.
+  its were accepted) it is planned once as if its acceptance were the prior. The multiples
+  are of the controller's own iteration count, kept across batches, and every period is
+  the option times a power of two: the idle rows of a batch probe at the same iterations
+  (a draft pass runs every row, and probes at scattered iterations would make the whole
+  batch pay for one row's probe at most of them, as ``Idle`` does for the other
+  controllers). A new row starts from the longest period a probe has reached since a row
+  last kept drafting after drafts of its were accepted: where drafting fails (out of
+  domain), rows of later sentences and batches do not probe again at the option's period,
+  which cost every sentence of a batch-1 run a draft pass (0.90-0.92x ``loop-greedy`` with
+  the Spec-Drafter); where it pays, they do.
 * **Plans known to idle.** Where rows of equal acceptance a are planned at 0 with drafting
   weighed d times, rows of acceptance at most a, weighed at least d, are planned at 0 too
   (no set of drafts gains more tokens at lower acceptance, nor costs less at a larger d;
@@ -185,7 +185,7 @@ class GoodputState(RowState):
     hits: np.ndarray  # (B,) float
     misses: np.ndarray  # (B,) float
     plan: Tensor  # (B,) long: drafts to send next iteration
-    wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it of the controller's iterations)
+    wait: np.ndarray  # (B,) int64: its probe period (a row at 0 probes at multiples of it: the controller's iterations)
     planned: np.ndarray  # (B,) int64: ``plan`` on the host
     predicted: float = 0.0  # seconds the cost table gives the planned iteration
     clock: Optional[float] = None  # time.perf_counter() at the last observe (None: none yet this batch)
@@ -536,8 +536,8 @@ class Goodput(Controller):
             predicted = state.predicted if state.predicted_for == 1 else self.seconds(state.planned)
             return GoodputState(*arrays[:2], state.plan, *arrays[2:], state.planned, predicted, now, 1, 1, plan > 0)
         planned = np.array([plan])
-        return GoodputState(*arrays[:2], self.row_plan(plan, state.plan.device), *arrays[2:], planned, self.seconds(planned, plan, plan), now, 1, 1,
-                            plan > 0)
+        return GoodputState(*arrays[:2], self.row_plan(plan, state.plan.device), *arrays[2:], planned,
+                            self.seconds(planned, plan, plan), now, 1, 1, plan > 0)
 
     def learn(self, kept: float, rejected: float) -> None:
         """Pool a drafting iteration's accepted drafts and rejections (over its rows)."""
