@@ -23,6 +23,7 @@
 #   resolve_data_bin DATASET  sets DATA: DATASET if it is a path (contains '/', or is an
 #                             existing directory), else data-bin/DATASET; dies when missing
 #   check_vocab_size N        die unless N is an integer >= 100
+#   positive_int OPTION VALUE die unless VALUE is a positive integer ("bad OPTION 'VALUE': ...")
 #   line_count FILE           number of lines
 #   check_lines FILE N        die unless FILE has exactly N lines
 #   check_parallel A B        die unless A and B have the same number of lines
@@ -32,6 +33,8 @@
 #   summarize DEST            print the sentence counts of every binarized split
 #   parse_common_option ARGS  the options every translation recipe shares (see COMMON_OPTIONS_HELP)
 #   finish_recipe             vocabulary, encoding, filtering, binarization, extra test sets
+#   NEWS_*                    the WMT news test sets as OPUS-MT-testsets and the mirror keep them
+#                             (prepare-wmt14-en-de.sh --news, prepare-lm.sh --corpus news-en)
 #   train_recipe SAVE_PREFIX RECIPE_FN ARGS...
 #                             a drafter training recipe: --help, its inputs checked, then
 #                             fairseq-train with the shared options and the recipe's own
@@ -55,6 +58,16 @@ if [[ "${CMASD_LOW_MEMORY:-0}" == 1 ]]; then
 fi
 
 CMASD_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# The WMT news test sets (each NAME.en / NAME.de): the training, valid and test split of
+# prepare-wmt14-en-de.sh --news and of prepare-lm.sh --corpus news-en (its English sides).
+NEWS_URL="https://raw.githubusercontent.com/Helsinki-NLP/OPUS-MT-testsets/master/testsets/en-de"
+NEWS_MIRROR_DIR="wmt-news-en-de"
+NEWS_TRAIN=(news-test2008 newssyscomb2009 newstest2009 newstest2010 newstest2011 newstest2012
+            newstest2015 newstest2016 newstest2017 newstest2018 newstest2019 newstest2020)
+NEWS_VALID=newstest2013
+NEWS_TEST=newstest2014
+NEWS_TEST_LINES=3003
 
 log() { printf '[cmasd prep] %s\n' "$*" >&2; }
 die() { printf '[cmasd prep] error: %s\n' "$*" >&2; exit 1; }
@@ -215,6 +228,10 @@ check_vocab_size() {
 }
 
 line_count() { wc -l < "$1" | tr -d ' '; }
+
+positive_int() {  # positive_int OPTION VALUE
+  [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "bad $1 '$2': expected a positive integer"
+}
 
 check_lines() {
   local n
@@ -455,7 +472,7 @@ parse_common_option() {
     --dict|--dict=*) _opt_value --dict "$@"; DICT_FILE="$(abs_path "$OPT_VALUE")" ;;
     --workers|--workers=*)
       _opt_value --workers "$@"; WORKERS="$OPT_VALUE"
-      [[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "bad --workers '$WORKERS': expected a positive integer" ;;
+      positive_int --workers "$WORKERS" ;;
     --extra-test)
       (( $# >= 4 )) || die "--extra-test needs three values: NAME SRC_FILE TGT_FILE"
       check_extra_test_name "$2"

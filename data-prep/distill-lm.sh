@@ -84,10 +84,10 @@ while (( $# )); do
   esac
 done
 (( ${#POSITIONAL[@]} == 2 )) || { usage >&2; die "expected DATA and VERIFIER"; }
-for pair in "--prompt-tokens:$PROMPT_TOKENS" "--continuation-tokens:$CONTINUATION_TOKENS" \
-  "--max-prompts:$MAX_PROMPTS" "--batch-size:$BATCH"; do
-  [[ "${pair#*:}" =~ ^[1-9][0-9]*$ ]] || die "bad ${pair%%:*} '${pair#*:}': expected a positive integer"
-done
+positive_int --prompt-tokens "$PROMPT_TOKENS"
+positive_int --continuation-tokens "$CONTINUATION_TOKENS"
+positive_int --max-prompts "$MAX_PROMPTS"
+positive_int --batch-size "$BATCH"
 [[ "$VALID_PROMPTS" =~ ^[0-9]+$ ]] || die "bad --valid-prompts '$VALID_PROMPTS': expected an integer >= 0"
 
 resolve_data_bin "${POSITIONAL[0]}"

@@ -113,8 +113,7 @@ while (( $# )); do
     --jsonl|--jsonl=*) _opt_value --jsonl "$@"; JSONL="$(abs_path "$OPT_VALUE")"; shift "$CONSUMED" ;;
     --max-source-tokens|--max-source-tokens=*)
       _opt_value --max-source-tokens "$@"; SRC_MAX_TOKENS="$OPT_VALUE"; shift "$CONSUMED"
-      [[ "$SRC_MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] \
-        || die "bad --max-source-tokens '$SRC_MAX_TOKENS': expected a positive integer" ;;
+      positive_int --max-source-tokens "$SRC_MAX_TOKENS" ;;
     --extra-test) die "--extra-test is not supported by the CNN/DM recipe" ;;
     *) parse_common_option "$@"; shift "$CONSUMED" ;;
   esac

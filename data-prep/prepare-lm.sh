@@ -14,14 +14,8 @@ CNNDM_EXPECTED=(39227 4368 4490)
 MULTI30K_URL="https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 MULTI30K_NAMES=(train val test_2016_flickr)
 MULTI30K_EXPECTED=(29000 1014 1000)
-# news-en: the English side of the WMT news test sets (as prepare-wmt14-en-de.sh --news splits them)
-NEWS_URL="https://raw.githubusercontent.com/Helsinki-NLP/OPUS-MT-testsets/master/testsets/en-de"
-NEWS_REL="wmt-news-en-de"
-NEWS_TRAIN=(news-test2008 newssyscomb2009 newstest2009 newstest2010 newstest2011 newstest2012
-            newstest2015 newstest2016 newstest2017 newstest2018 newstest2019 newstest2020)
-NEWS_VALID=newstest2013
-NEWS_TEST=newstest2014
-NEWS_TEST_LINES=3003
+# news-en: the English side of the WMT news test sets (NEWS_* in common.sh, as
+# prepare-wmt14-en-de.sh --news splits them)
 
 SPLITS=(train valid test)
 DEFAULT_MAX_TOKENS_PER_LINE=512
@@ -52,7 +46,7 @@ Corpora (--corpus):
                    ${NEWS_TRAIN[*]}
                    (about 28k sentences), valid $NEWS_VALID, test $NEWS_TEST (3,003).  From
                    $NEWS_URL/NAME.en
-                   or \$CMASD_DATA_MIRROR/$NEWS_REL/NAME.en.  Default --vocab-size 8000.
+                   or \$CMASD_DATA_MIRROR/$NEWS_MIRROR_DIR/NAME.en.  Default --vocab-size 8000.
 
 Options:
   --corpus NAME            cnndm, multi30k-en or news-en (above; default cnndm)
@@ -88,10 +82,6 @@ Output (DIR):
 Reruns skip finished steps; changed options redo them (the prompt options redo the prompts only).
 Environment: CMASD_DATA_MIRROR (local mirror), CMASD_PYTHON (python with fairseq+sentencepiece).
 EOF
-}
-
-positive_int() {  # positive_int OPTION VALUE
-  [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "bad $1 '$2': expected a positive integer"
 }
 
 CORPUS=cnndm
@@ -151,7 +141,7 @@ if ! done_step fetch; then
       done ;;
     news-en)
       for name in "${NEWS_TRAIN[@]}" "$NEWS_VALID" "$NEWS_TEST"; do
-        fetch "$NEWS_URL/$name.en" "$NEWS_REL/$name.en" "$DEST/orig/$name.en"
+        fetch "$NEWS_URL/$name.en" "$NEWS_MIRROR_DIR/$name.en" "$DEST/orig/$name.en"
       done ;;
   esac
   mark_done fetch

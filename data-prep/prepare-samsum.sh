@@ -107,8 +107,7 @@ while (( $# )); do
     --with-summary-denoising) DENOISE_RATIO="$SUMMARY_DENOISE_RATIO"; shift ;;
     --max-source-tokens|--max-source-tokens=*)
       _opt_value --max-source-tokens "$@"; SRC_MAX_TOKENS="$OPT_VALUE"; shift "$CONSUMED"
-      [[ "$SRC_MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] \
-        || die "bad --max-source-tokens '$SRC_MAX_TOKENS': expected a positive integer" ;;
+      positive_int --max-source-tokens "$SRC_MAX_TOKENS" ;;
     --extra-test) die "--extra-test is not supported by the SAMSum recipe" ;;
     *) parse_common_option "$@"; shift "$CONSUMED" ;;
   esac

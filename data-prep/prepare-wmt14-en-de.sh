@@ -26,13 +26,8 @@ FULL_VALID="dev/newstest2013"         # plain text, 3,000 lines
 FULL_TEST_SRC="test-full/newstest2014-deen-src.en.sgm"   # newstest2014 "full", 3,003 lines
 FULL_TEST_REF="test-full/newstest2014-deen-ref.de.sgm"
 
-# --news: the WMT news test sets, as kept by OPUS-MT-testsets (and by the data mirror).
-NEWS_URL="https://raw.githubusercontent.com/Helsinki-NLP/OPUS-MT-testsets/master/testsets/en-de"
-NEWS_MIRROR_DIR="wmt-news-en-de"
-NEWS_TRAIN=(news-test2008 newssyscomb2009 newstest2009 newstest2010 newstest2011 newstest2012
-            newstest2015 newstest2016 newstest2017 newstest2018 newstest2019 newstest2020)
-NEWS_VALID=newstest2013
-NEWS_TEST=newstest2014
+# --news: the WMT news test sets, as kept by OPUS-MT-testsets (and by the data mirror):
+# NEWS_* in common.sh.
 VALID_LINES=3000
 TEST_LINES=3003
 
