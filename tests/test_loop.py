@@ -3,6 +3,7 @@ travels with the rows (selected as rows finish, started afresh for every batch),
 get exactly the outputs they declare, and decode returns each call's statistics."""
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from helpers import source_batch, tiny_drafter
@@ -90,3 +91,33 @@ def test_parts_get_only_what_they_declare():
     src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(1), bsz=2)
     gen.decode({"id": torch.tensor([0, 1]), "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
     assert all(c is None for c in controller.confidence)
+
+
+def test_the_parts_are_timed_where_it_costs_nothing_and_as_asked(monkeypatch):
+    """The statistics' draft / verify / bookkeeping split reads a clock four times an
+    iteration, each a synchronisation on a GPU: by default timed on a CPU only; with
+    ``time_parts`` False the loop reads no clock (the split is None, the log line says
+    so) and decodes the same; True times it anywhere."""
+    from cmasd.decoding import generator as generator_module
+
+    gen, dictionary = generator(Recording())
+    src, src_lengths = source_batch(dictionary, torch.Generator().manual_seed(3), bsz=3)
+    sample = {"id": torch.tensor([0, 1, 2]), "net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+    timed, timed_stats = gen.decode(sample)
+    split = timed_stats.summary()
+    assert timed_stats.timed_iterations == timed_stats.batch_iterations > 0 and split["verify_ms_per_iteration"] > 0
+    reads = []
+    monkeypatch.setattr(generator_module, "now", lambda like: reads.append(like) or 0.0)
+    gen.time_parts = False
+    untimed, untimed_stats = gen.decode(sample)
+    assert reads == [] and [h[0]["tokens"].tolist() for h in untimed] == [h[0]["tokens"].tolist() for h in timed]
+    summary = untimed_stats.summary()
+    assert untimed_stats.timed_iterations == 0 and summary["draft_ms_per_iteration"] is None
+    assert "parts not timed" in untimed_stats.format()
+    gen.time_parts = True
+    gen.decode(sample)
+    assert len(reads) > 0
+    on_gpu = SimpleNamespace(is_cuda=True)  # what the choice reads of a tensor on a GPU
+    assert gen.clock(on_gpu) is generator_module.now
+    gen.time_parts = None
+    assert gen.clock(torch.empty(0)) is generator_module.now and gen.clock(on_gpu) is generator_module.untimed

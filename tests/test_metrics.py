@@ -12,6 +12,7 @@ def test_statistics_of_two_iterations():
     # one row left: sends 4, keeps all 4, confidence 0.5
     stats.observe(torch.tensor([4]), torch.tensor([4]), torch.tensor([5]), torch.tensor([0.5]))
     stats.draft_seconds, stats.verify_seconds, stats.bookkeeping_seconds = 0.004, 0.010, 0.002
+    stats.timed_iterations = 2
     s = stats.summary()
     assert (s["iterations"], s["verifier_passes"], s["tokens"]) == (4, 2, 11)
     assert s["mean_accepted_tokens"] == 11 / 4

@@ -126,7 +126,8 @@ class Bench:
 
     def iteration(self) -> Callable[[], object]:
         """A whole iteration of the loop in which no row drafts."""
-        return lambda: self.quiet.step(self.state, self.max_len, DecodeStats())
+        clock = self.generator.clock(self.like)  # the parts' timers as the loop runs them (on a GPU, none)
+        return lambda: self.quiet.step(self.state, self.max_len, DecodeStats(), clock)
 
 
 def quiet(generator: SpeculativeGenerator) -> SpeculativeGenerator:

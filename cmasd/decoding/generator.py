@@ -118,6 +118,11 @@ def now(like: Tensor) -> float:
     return time.perf_counter()
 
 
+def untimed(like: Tensor) -> float:
+    """``now`` where an iteration's parts are not timed: no clock read, no synchronisation."""
+    return 0.0
+
+
 class StepRecord(NamedTuple):
     """What one iteration did, for an observer (``SpeculativeGenerator.observer``); on the
     CPU. Row r appended ``(tokens[r, :accepted[r]] + [next_token[r]])[:kept[r]]``: fewer
@@ -190,6 +195,15 @@ class SpeculativeGenerator:
         self.per_sentence = per_sentence  # decode a batch one sentence at a time (cmasd.decoding.sentences)
         self.stats = DecodeStats()
         self.observer: Optional[Callable[[StepRecord], None]] = None
+        # whether the statistics time each iteration's draft / verify / bookkeeping split: each
+        # of its four clock reads synchronises a GPU, so by default only on a CPU, where they
+        # cost nothing (None); True or False: always or never
+        self.time_parts: Optional[bool] = None
+
+    def clock(self, like: Tensor) -> Callable[[Tensor], float]:
+        """``now`` where the parts are timed on ``like``'s device, else ``untimed``."""
+        timed = self.time_parts if self.time_parts is not None else not like.is_cuda
+        return now if timed else untimed
 
     @torch.no_grad()
     def generate(self, models, sample: Dict[str, Any], prefix_tokens: Optional[Tensor] = None,
@@ -235,11 +249,12 @@ class SpeculativeGenerator:
         if prompts is not None and prompts.eq(self.eos).any():  # fairseq ends a row at an eos it forces
             last = state.tokens.gather(1, (state.lengths - 1)[:, None]).squeeze(1)  # (B,)
             state = self.retire(state, last.eq(self.eos) & state.lengths.gt(1), finished)
+        clock = self.clock(state.tokens)
         while state.rows.numel() > 0:
-            state, done = self.step(state, max_len, stats)
-            t0 = now(state.tokens)
+            state, done = self.step(state, max_len, stats, clock)
+            t0 = clock(state.tokens)
             state = self.retire(state, done, finished)
-            stats.bookkeeping_seconds += now(state.tokens) - t0
+            stats.bookkeeping_seconds += clock(state.tokens) - t0
         stats.settle()  # the batch's one read of its statistics
         return Decoded(finished, stats)
 
@@ -328,10 +343,11 @@ class SpeculativeGenerator:
         capacity = min(max(needed, 2 * state.verifier.capacity), state.tokens.size(1))
         return replace(state, verifier=state.verifier.grow(capacity), drafter=state.drafter.grow(capacity))
 
-    def step(self, state: DecodeState, max_len: int, stats: DecodeStats):
-        """One draft/verify iteration of every active row. Returns the new state and
-        which rows just finished (B,) bool."""
-        t0 = now(state.tokens)
+    def step(self, state: DecodeState, max_len: int, stats: DecodeStats, clock: Callable[[Tensor], float] = now):
+        """One draft/verify iteration of every active row, its parts timed by ``clock``
+        (``now``, or ``untimed``). Returns the new state and which rows just finished (B,)
+        bool."""
+        t0 = clock(state.tokens)
         random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
         budget = self.controller.budget(state.controller)  # (B,) or None
         horizon = self.horizon if budget is None else int(budget.max())  # a host read: the draft's shape
@@ -356,11 +372,11 @@ class SpeculativeGenerator:
             None if draft.logprobs is None else draft.logprobs[:, :width],  # (B, W, V)
             random,
         )
-        t1 = now(state.tokens)
+        t1 = clock(state.tokens)
 
         lower = self.drafter.lower_layers(drafter_state)
         lprobs, states = self.verify(state, proposal, max_len, lower)  # (B, W + 1, V), (B, W + 1, C)
-        t2 = now(state.tokens)
+        t2 = clock(state.tokens)
         verdict = self.acceptance.accept(proposal, lprobs)
         accepted = verdict.accepted  # (B,)
         controller_state = self.controller.observe(state.controller, k, accepted)
@@ -370,11 +386,12 @@ class SpeculativeGenerator:
         # mean confidence over the horizon, where it was computed
         block_confidence = draft.confidence.mean(dim=1) if draft.confidence is not None and horizon else None
         stats.observe(k, accepted, gained, block_confidence, draft.metrics, verdict.pardoned, width)
-        t3 = now(state.tokens)
+        t3 = clock(state.tokens)
 
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         stats.bookkeeping_seconds += t3 - t2
+        stats.timed_iterations += clock is now
         if self.observer is not None:
             self.observer(StepRecord(ids.cpu(), proposal.tokens.cpu(), k.cpu(), accepted.cpu(),
                                      verdict.next_token.cpu(), gained.cpu()))

@@ -66,6 +66,7 @@ class DecodeStats:
     draft_seconds: float = 0.0  # drafter pass, confidence, controller
     verify_seconds: float = 0.0  # verifier pass over the block, fairseq's length/score rules
     bookkeeping_seconds: float = 0.0  # acceptance, appending, these statistics, dropping rows, growing caches
+    timed_iterations: int = 0  # verifier passes whose parts were timed (SpeculativeGenerator.time_parts)
     k_histogram: Counter = field(default_factory=Counter)
     position_sent: List[int] = field(default_factory=list)
     position_accepted: List[int] = field(default_factory=list)
@@ -148,7 +149,6 @@ class DecodeStats:
         """The figures users report, as a flat dictionary."""
         self.settle()
         its = max(self.iterations, 1)
-        batch_its = max(self.batch_iterations, 1)
         return {
             "sentences": self.sentences,
             "tokens": self.tokens,
@@ -161,19 +161,28 @@ class DecodeStats:
             "mean_k": self.drafted / its,
             "mean_confidence": self.confidence_sum / self.confidence_rows if self.confidence_rows else None,
             **{key: value for report in METRIC_REPORTS for key, value in report.summary(self.metrics, its).items()},
-            "draft_ms_per_iteration": 1000.0 * self.draft_seconds / batch_its,
-            "verify_ms_per_iteration": 1000.0 * self.verify_seconds / batch_its,
-            "bookkeeping_ms_per_iteration": 1000.0 * self.bookkeeping_seconds / batch_its,
+            **self.part_times(),
             "k_histogram": dict(sorted(self.k_histogram.items())),
             "position_acceptance": [
                 a / s if s else 0.0 for a, s in zip(self.position_accepted, self.position_sent)
             ],
         }
 
+    def part_times(self) -> Dict[str, Optional[float]]:
+        """Milliseconds of drafting, verifying and bookkeeping per timed iteration (None
+        each where no iteration was timed: on a GPU unless asked, ``time_parts``)."""
+        timed = self.timed_iterations
+        return {f"{part}_ms_per_iteration": 1000.0 * seconds / timed if timed else None
+                for part, seconds in (("draft", self.draft_seconds), ("verify", self.verify_seconds),
+                                      ("bookkeeping", self.bookkeeping_seconds))}
+
     def format(self) -> str:
         """One log line."""
         s = self.summary()
         mean_confidence = "n/a" if s["mean_confidence"] is None else f"{s['mean_confidence']:.3f}"
+        parts = ("parts not timed (on a GPU they would synchronise it), " if s["draft_ms_per_iteration"] is None else
+                 f"draft {s['draft_ms_per_iteration']:.2f} ms + verify {s['verify_ms_per_iteration']:.2f} ms + "
+                 f"bookkeeping {s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, ")
         phrases = [report.phrase(self.metrics, self.iterations) for report in METRIC_REPORTS]
         return (
             f"speculative decoding: {s['sentences']} sentences, {s['tokens']} tokens, "
@@ -181,10 +190,7 @@ class DecodeStats:
             f"mean accepted tokens/iteration {s['mean_accepted_tokens']:.3f}, "
             f"draft acceptance {100 * s['acceptance_rate']:.1f}% (pardoned {100 * s['pardon_rate']:.1f}%), "
             f"rollbacks {100 * s['rollback_rate']:.1f}% of iterations, mean k {s['mean_k']:.2f}, "
-            f"mean confidence {mean_confidence}, {''.join(f'{p}, ' for p in phrases if p)}"
-            f"draft {s['draft_ms_per_iteration']:.2f} ms + verify "
-            f"{s['verify_ms_per_iteration']:.2f} ms + bookkeeping "
-            f"{s['bookkeeping_ms_per_iteration']:.2f} ms per iteration, "
+            f"mean confidence {mean_confidence}, {''.join(f'{p}, ' for p in phrases if p)}{parts}"
             f"k histogram {s['k_histogram']}, "
             "acceptance by position "
             + " ".join(f"{p:.2f}" for p in s["position_acceptance"][:10])

@@ -114,6 +114,10 @@ def add_common_args(parser: argparse.ArgumentParser, gen_subset: str) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch CPU threads (default: torch's current, %(default)s here)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even where CUDA is available")
+    parser.add_argument("--time-parts", action="store_true",
+                        help="on a GPU, time the speculative rows' draft / verify / bookkeeping split too (four "
+                        "synchronisations of the device an iteration, which their seconds then include; on a CPU "
+                        "the split is always timed: it costs nothing there)")
     precision = parser.add_mutually_exclusive_group()
     precision.add_argument("--fp16", action="store_true", help="float16 models, as fairseq-generate --fp16 (GPU)")
     precision.add_argument("--bf16", action="store_true", help="bfloat16 models, as fairseq-generate --bf16")

@@ -93,6 +93,7 @@ class Setup:
     threads: int  # CPU threads of every decoder
     ct2_model: Optional[str] = None  # the verifier converted for CTranslate2, where a ct2 row is measured
     prompts: Optional[Prompts] = None  # a language model's; None for a translation model
+    time_parts: bool = False  # --time-parts: the speculative rows time their parts on a GPU too
 
 
 def is_language_model(model, task) -> bool:
@@ -204,7 +205,7 @@ def load_setup(args, roles: Sequence[str], ct2: bool = False, verifier: Optional
         dataset, split_size = load_split(task, args)
     ct2_model = convert_for_ct2(args, task, language_model) if ct2 else None
     return Setup(task, model, drafters, dataset, device, len(dataset), split_size, FloorScorer(model), args.threads,
-                 ct2_model, prompts)
+                 ct2_model, prompts, bool(getattr(args, "time_parts", False)))
 
 
 def convert_for_ct2(args, task, language_model: bool = False) -> str:
@@ -292,12 +293,15 @@ def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping
 
     options = spec_options(config, global_overrides, paths)
     try:
-        return build_speculative_generator(
+        generator = build_speculative_generator(
             [setup.model], setup.drafters.get(config.drafter), setup.task, generation_config(1, generation), options,
             log_stats=False,
         )
     except ValueError as e:
         raise BenchError(f"configuration {config.name}: {e}") from None
+    if setup.time_parts:
+        generator.time_parts = True
+    return generator
 
 
 def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str],
