@@ -139,15 +139,14 @@ def test_rows_below_an_acceptance_planned_at_zero_are_planned_at_zero(ragged, mo
     assert goodput.plan(np.array([0.1, 0.5, 0.3, 0.2, 0.4, 0.5, 0.0, 0.2])).tolist() == [0] * 8
 
 
-@pytest.mark.parametrize("acceptance,correction", [(model, "none") for model in goodput_module.ACCEPTANCE_MODELS] +
-                         [("geometric", "measured"), ("positional", "measured")])
-def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are(acceptance, correction):
+@pytest.mark.parametrize("acceptance", goodput_module.ACCEPTANCE_MODELS)
+def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are(acceptance):
     """``observe_one`` (plain Python, a row alone) against ``observe_rows`` (numpy) on one
-    row: the same plans, counts, probes, predictions and tokens measured by draft length
-    over a random run that drafts, idles and probes, after a batch of four shrank to it."""
+    row: the same plans, counts, probes and predictions over a random run that drafts,
+    idles and probes, after a batch of four shrank to it."""
     costs = table(draft_ms=0.05, verify_ms=(1.0, 0.3))
-    one, rows = (Goodput(K, prior=0.6, memory=0.7, probe_every=2, limit=None, costs=costs, acceptance=acceptance,
-                         correction=correction) for _ in range(2))
+    one, rows = (Goodput(K, prior=0.6, memory=0.7, probe_every=2, limit=None, costs=costs, acceptance=acceptance)
+                 for _ in range(2))
     states = [g.start(4, torch.device("cpu")) for g in (one, rows)]
     states = [g.observe_rows(st, st.planned, st.planned, now=0.0) for g, st in zip((one, rows), states)]
     states = [st.select(torch.tensor([2])) for st in states]  # three rows finished
@@ -166,70 +165,16 @@ def test_a_row_alone_is_planned_as_the_rows_of_a_batch_are(acceptance, correctio
                                                                                   now=float(i))]
     assert kinds == {True, False} and one.pool == pytest.approx(rows.pool)
     assert (one.profile is None) == (acceptance == "geometric")
-    assert (one.tokens is None) == (rows.tokens is None) == (correction == "none")
-    if correction == "measured":  # some draft length corrected, alike
-        assert one.tokens_row == pytest.approx(rows.tokens.tolist()) and rows.tokens.tolist() != [1.0] * K
 
 
 def test_a_row_alone_plans_as_the_rows_do_with_a_profile():
-    """``plan_one`` against ``plan_lengths`` with position profiles, drafting weighed by
-    the longest draft and tokens corrected by draft length, on random tables."""
+    """``plan_one`` against ``plan_lengths`` with position profiles, on random tables."""
     rng = np.random.default_rng(2)
-    drafted = set()
     for _ in range(500):
         costs = table(draft_ms=float(rng.uniform(0.01, 0.4)), verify_ms=(1.0, float(rng.uniform(0.05, 0.6))))
         a, profile = float(rng.uniform(0.0, 1.0)), rng.uniform(0.2, 1.6, size=K)
         assert goodput_module.plan_one(a, costs, K, 1.0, tuple(profile)) == plan_lengths(np.array([a]), costs, K, 1.0,
                                                                                          profile)[0]
-        drafting, tokens = rng.uniform(0.7, 1.5, size=K), rng.uniform(0.5, 1.5, size=K)
-        k = goodput_module.plan_one(a, costs, K, tuple(drafting), None, tuple(tokens))
-        assert k == plan_lengths(np.array([a]), costs, K, drafting, None, tokens)[0]
-        drafted.add(k)
-    assert len(drafted) > 3
-
-
-def test_tokens_measured_by_draft_length_correct_the_plans():
-    """``measured``: rows sending six drafts that gain half the tokens the model expects
-    make six drafts' tokens count half, and the same rows are then planned shorter; draft
-    lengths not sent keep the model's tokens, and too few rows' worth corrects nothing."""
-    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))
-    goodput = Goodput(K, prior=0.9, memory=0.7, probe_every=100, limit=None, costs=costs, correction="measured")
-    acceptance = np.full(4, 0.9)
-    expected = goodput_module.expected_tokens(acceptance, np.full(4, 6), None)
-    goodput.count_tokens(np.full(4, 6), acceptance, (expected / 2 - 1).round().astype(np.int64))
-    assert goodput.tokens is None  # 4 rows' worth, fewer than TOKENS_MIN
-    for _ in range(3):
-        goodput.count_tokens(np.full(4, 6), acceptance, np.full(4, (expected[0] / 2 - 1)))
-    assert goodput.tokens[:5].tolist() == [1.0] * 5 and goodput.tokens[5] == pytest.approx(0.5, abs=0.05)
-    before = plan_lengths(acceptance, costs, K)
-    after = goodput.plan(acceptance)
-    assert (before == 6).all() and 0 < after.max() < 6
-    one = goodput_module.plan_one(0.9, costs, K, 1.0, None, goodput.tokens_row)
-    assert one == after[0]
-
-
-def test_drafting_seconds_measured_by_the_longest_draft(monkeypatch):
-    """``measured`` times drafting iterations by their longest draft: two drafts as the
-    table says and five at four times it weigh each as measured (the others as every
-    drafting iteration), and the rows are planned at most two where the table alone
-    sends more; ``timing`` weighs all of them alike."""
-    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
-    weights = {}
-    for correction in ("timing", "measured"):
-        goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=4, limit=None, costs=costs, correction=correction)
-        state = goodput.start(4, torch.device("cpu"))
-        for i in range(goodput_module.TIMING_MIN):  # idle, then two and five drafts in turn
-            for h, ratio in ((0, 1.0), (2, 1.0), (5, 4.0)):
-                timed = replace(state, planned=np.array([h, 1, 0, h]), drafts=h > 0, clock=0.0, predicted=1.0)
-                goodput.time(timed, ratio)
-        weights[correction] = goodput.drafting(4)
-        if correction == "measured":
-            plans = goodput.plan(np.full(4, 0.95))
-    pooled = weights["timing"]
-    assert 1.5 < pooled < 4.0 and weights["measured"][1] == pytest.approx(1.0)
-    assert weights["measured"][4] > 3.0 > pooled  # moving averages from the table's (log 1)
-    assert [w for h, w in enumerate(weights["measured"], 1) if h not in (2, 5)] == [pytest.approx(pooled)] * (K - 2)
-    assert plan_lengths(np.full(4, 0.95), costs, K).min() > 2 and 0 < plans.max() <= 2
 
 
 def test_positions_learnt_send_as_many_drafts_as_are_accepted():
@@ -368,7 +313,7 @@ def test_the_controller_refuses_what_it_cannot_plan_with():
         Goodput(K, prior=1.0, memory=0.5, probe_every=3, limit=None)
     with pytest.raises(UsageError, match="--goodput-memory"):
         Goodput(K, prior=0.5, memory=1.0, probe_every=3, limit=None)
-    with pytest.raises(UsageError, match="--goodput-correction: choose from timing, none, measured, got 'clock'"):
+    with pytest.raises(UsageError, match="--goodput-correction: choose from timing, none, got 'clock'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, correction="clock")
     with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):
         Goodput(8, prior=0.5, memory=0.5, probe_every=3, limit=None).use_costs(table(draft_ms=0.1))

@@ -91,17 +91,6 @@ per row and for a batch's pass, every iteration:
   the correction was tried and measured worse (batch 16 on Multi30k drafted more and ran
   0.82-0.87x ``loop-greedy``, against 0.91-0.95x), so they count. ``none``: the table
   alone, so that a given table gives the same plans (tests).
-* **Measured by draft length** (``--goodput-correction measured``): the timing correction
-  kept apart for each longest draft h of an iteration (once h was timed ``TIMING_MIN``
-  times at that many rows; the pooled one until then), and the tokens corrected by draft
-  length: for the rows that sent k drafts, the tokens they gained over those the model
-  expected of them (decayed sums, ``TOKENS_MEMORY`` per iteration that sent k, once
-  ``TOKENS_MIN`` rows' worth are in), which scales the tokens a plan expects of k drafts.
-  The model's bias is not alike at every k: on Multi30k with the shortlisted draft model
-  at batch 1, rows sent two drafts gained 1.16x the tokens expected (rows planned short
-  are those whose estimate fell, and it recovers), rows sent eight 0.68x (a sentence
-  ends within the draft). A draft length the plans never send keeps the model's tokens
-  and the pooled timing: the correction learns where the plans go, not where they do not.
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
@@ -133,7 +122,7 @@ TIMING_WEIGHT = 0.2  # the newest iteration's weight in a timing correction's mo
 TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is clipped to this range
 ROW_BUCKETS = 8  # the corrections' row counts: 1, 2-3, 4-7, ..., 128 and more
 TIMING_MIN = 8  # iterations of each kind timed at a row count before its correction applies
-CORRECTIONS = ("timing", "none", "measured")
+CORRECTIONS = ("timing", "none")
 STARTS = ("learned", "prior")
 POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
 POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
@@ -141,8 +130,6 @@ POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's e
 ACCEPTANCE_MODELS = ("geometric", "positional")
 PROBE_CAP = 64  # a probe period grows to at most this many times --goodput-probe-every
 IDLE_MARGIN = 0.8  # a bound on plans known to idle is tried at this times the drafting weight it was found at
-TOKENS_MEMORY = 0.98  # measured: the weight a draft length's token sums keep at each iteration that sent it
-TOKENS_MIN = 8.0  # measured: rows' worth of evidence (decayed) before a draft length's tokens are corrected
 
 
 @dataclass
@@ -171,9 +158,7 @@ class GoodputOptions:
         default="timing",
         metadata={"help": "goodput: timing: weigh the cost table's drafting seconds by how much longer drafting "
                   "iterations really take than idle ones (timed as the loop runs: a draft model's catch-up, cache "
-                  "traffic between the models, bookkeeping); measured: the same for each longest draft length apart, "
-                  "and each draft length's tokens gained over those expected, both measured as the loop runs; none: "
-                  "the table alone (the same plans for a given table)",
+                  "traffic between the models, bookkeeping); none: the table alone (the same plans for a given table)",
                   "choices": CORRECTIONS},
     )
     goodput_acceptance: str = field(
@@ -236,26 +221,12 @@ def plan_seconds(plan: np.ndarray, costs: Costs, k_max: int) -> float:
     return (draft[h - 1] if h else 0.0) + float(np.interp(width, np.arange(1, k_max + 2), verify)) + overhead
 
 
-def corrected_gains(gains: np.ndarray, tokens: Optional[np.ndarray]) -> np.ndarray:
-    """The marginal gains (B, K) of rows whose expected tokens at k drafts, 1 + gains[:, :k]
-    summed, are measured to come out ``tokens[k - 1]`` times that (K,): the differences of
-    the corrected sums, made non-increasing along the drafts (a row's drafts are taken in
-    order, so a later one may not gain more than an earlier)."""
-    if tokens is None:
-        return gains
-    corrected = tokens[None, :] * (1.0 + np.cumsum(gains, axis=1))  # (B, K)
-    earlier = np.concatenate([np.ones((len(gains), 1)), corrected[:, :-1]], axis=1)
-    return np.minimum.accumulate(corrected - earlier, axis=1)
-
-
-def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting=1.0,
-                 profile: Optional[np.ndarray] = None, tokens: Optional[np.ndarray] = None) -> np.ndarray:
+def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: float = 1.0,
+                 profile: Optional[np.ndarray] = None) -> np.ndarray:
     """The draft length of each row, (B,) int, that maximises expected tokens per second
     for rows whose drafts are accepted with probabilities ``acceptance`` (B,) (the j-th
     times ``profile[j - 1]`` where given, (k_max,)), an iteration that drafts taking
-    ``drafting`` times the table's seconds (relative to one that does not; a number, or
-    (k_max,) by the iteration's longest draft), and a row sending k drafts gaining
-    ``tokens[k - 1]`` times the tokens expected where given ((k_max,): as measured)."""
+    ``drafting`` times the table's seconds (relative to one that does not)."""
     rows = len(acceptance)
     if rows == 0 or k_max == 0:
         return np.zeros(rows, dtype=np.int64)
@@ -266,8 +237,6 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting=1.0,
         gains = np.clip(acceptance, 0.0, 0.999)[:, None] ** j[None, :]  # (B, K) tokens the j-th draft of each row adds
     else:
         gains = np.cumprod(np.clip(acceptance[:, None] * profile[None, :k_max], 0.0, 0.999), axis=1)  # (B, K)
-    gains = corrected_gains(gains, tokens)
-    drafting = np.asarray(drafting, dtype=float)  # () or (K,)
     best_value, best = rows / (verify[0] + overhead), np.zeros(rows, dtype=np.int64)
     if not costs.ragged:  # every row pays the widest block: each sends the most planned
         expected = rows + np.cumsum(gains.sum(axis=0))  # (K,) all rows at k = h
@@ -277,14 +246,10 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting=1.0,
     order = np.argsort(-gains, axis=None, kind="stable")  # (B K,) largest gains first
     g, position = gains.ravel()[order], j[order % k_max]  # gain and draft index of each
     allowed = position[None, :] <= j[:, None]  # (K, B K): drafts within horizon h = 1 .. K
-    tokens_taken = rows + np.cumsum(np.where(allowed, g, 0.0), axis=1)  # (K, B K) taking the first m allowed
+    tokens = rows + np.cumsum(np.where(allowed, g, 0.0), axis=1)  # (K, B K) taking the first m allowed
     sent = np.cumsum(allowed, axis=1)  # (K, B K) drafts sent
-    weight = drafting[:, None] if drafting.ndim else drafting
-    seconds = weight * (draft[:, None] + np.interp(1 + sent / rows, widths, verify) + overhead)
-    # the first m allowed drafts of horizon h reach h: otherwise they are a shorter horizon's,
-    # which costs no more (and, weighed by the longest draft, is weighed as that one)
-    reach = np.maximum.accumulate(np.where(allowed, position[None, :], 0), axis=1) == j[:, None]  # (K, B K)
-    value = np.where(allowed & reach, tokens_taken / seconds, -np.inf)
+    seconds = drafting * (draft[:, None] + np.interp(1 + sent / rows, widths, verify) + overhead)
+    value = np.where(allowed, tokens / seconds, -np.inf)
     h, m = np.unravel_index(int(np.argmax(value)), value.shape)
     if value[h, m] <= best_value:
         return best
@@ -292,44 +257,21 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting=1.0,
     return np.bincount(chosen, minlength=rows).astype(np.int64)
 
 
-def plan_one(acceptance: float, costs: Costs, k_max: int, drafting=1.0,
-             profile: Optional[Tuple[float, ...]] = None, tokens: Optional[Tuple[float, ...]] = None) -> int:
+def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0,
+             profile: Optional[Tuple[float, ...]] = None) -> int:
     """``plan_lengths`` for a single row, in plain Python: the k with the most expected
-    tokens per second (the first of equals; 0 unless drafting gains). ``drafting``: a
-    number, or a tuple by k; ``tokens``: a tuple by k, or None."""
+    tokens per second (the first of equals; 0 unless drafting gains)."""
     verify, draft, overhead = cost_lines(costs, 1, k_max)
     a = min(max(acceptance, 0.0), 0.999)
     best_k, best_value = 0, 1.0 / (float(verify[0]) + overhead)
-    tokens_k, gain, expected, earlier, step = 1.0, 1.0, 1.0, 1.0, math.inf
+    tokens, gain = 1.0, 1.0
     for k in range(1, k_max + 1):
         gain *= a if profile is None else min(max(acceptance * profile[k - 1], 0.0), 0.999)
-        if tokens is None:
-            tokens_k += gain
-        else:  # as corrected_gains: the corrected sum's steps, never growing
-            expected += gain
-            corrected = tokens[k - 1] * expected
-            step = min(step, corrected - earlier)
-            earlier = corrected
-            tokens_k += step
-        weight = drafting if isinstance(drafting, (int, float)) else drafting[k - 1]
-        value = tokens_k / (weight * (float(draft[k - 1]) + float(verify[k]) + overhead))
+        tokens += gain
+        value = tokens / (drafting * (float(draft[k - 1]) + float(verify[k]) + overhead))
         if value > best_value:
             best_k, best_value = k, value
     return best_k
-
-
-def expected_tokens(acceptance: np.ndarray, lengths: np.ndarray, profile: Optional[np.ndarray]) -> np.ndarray:
-    """The tokens (B,) rows of ``acceptance`` (B,) sending ``lengths`` (B,) drafts are
-    expected to gain, by the plans' model (uncorrected)."""
-    k_max = int(lengths.max(initial=0))
-    if k_max == 0:
-        return np.ones(len(lengths))
-    j = np.arange(1, k_max + 1)
-    if profile is None:
-        gains = np.clip(acceptance, 0.0, 0.999)[:, None] ** j[None, :]
-    else:
-        gains = np.cumprod(np.clip(acceptance[:, None] * profile[None, :k_max], 0.0, 0.999), axis=1)
-    return 1.0 + np.where(j[None, :] <= lengths[:, None], gains, 0.0).sum(axis=1)
 
 
 def bucket(rows: int) -> int:
@@ -382,21 +324,6 @@ class Goodput(Controller):
         # (plain lists: read and written every iteration, where numpy's calls would cost more)
         self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
         self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]  # iterations timed of each kind
-        self.measured = correction == "measured"
-        self.reset_measured()
-
-    def reset_measured(self) -> None:
-        """``measured``'s books, empty: by row bucket and longest draft h = 1 .. k_max, the
-        drafting iterations' measured / predicted seconds (log space, as ``log_ratio``) and
-        how many were timed; by draft length k = 1 .. k_max, decayed sums over rows of the
-        tokens gained, of those the plans' model expected, and of the rows."""
-        self.log_ratio_by = [[0.0] * (self.k_max + 1) for _ in range(ROW_BUCKETS)]
-        self.timed_by = [[0] * (self.k_max + 1) for _ in range(ROW_BUCKETS)]
-        self.gained = np.zeros(self.k_max + 1)
-        self.expected = np.zeros(self.k_max + 1)
-        self.counted = np.zeros(self.k_max + 1)
-        self.tokens: Optional[np.ndarray] = None  # (k_max,) the correction of tokens by k (None: none yet)
-        self.tokens_row: Optional[Tuple[float, ...]] = None  # the same, for plan_one
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
@@ -418,59 +345,27 @@ class Goodput(Controller):
         # corrections of another table mean nothing for this one
         self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
         self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]
-        self.reset_measured()
 
-    def drafting(self, rows: int):
+    def drafting(self, rows: int) -> float:
         """How many times the table's seconds a drafting iteration of ``rows`` rows takes,
-        relative to an idle one, as measured (1 without the timing correction); with
-        ``measured``, a tuple by the iteration's longest draft, 1 .. k_max (each draft
-        length timed ``TIMING_MIN`` times apart, the others as every drafting iteration)."""
+        relative to an idle one, as measured (1 without the timing correction)."""
         b = bucket(rows)
         if min(self.timed[b]) < TIMING_MIN:  # one kind not yet timed enough
             return 1.0
-        idle = self.log_ratio[b][0]
-        pooled = math.exp(self.log_ratio[b][1] - idle)
-        if not self.measured:
-            return pooled
-        timed, ratios = self.timed_by[b], self.log_ratio_by[b]
-        return tuple(math.exp(ratios[h] - idle) if timed[h] >= TIMING_MIN else pooled
-                     for h in range(1, self.k_max + 1))
+        return math.exp(self.log_ratio[b][1] - self.log_ratio[b][0])
 
     def time(self, state: "GoodputState", now: float) -> bool:
         """Fold the iteration that ended at ``now`` (planned in ``state``) into the timing
         corrections. Whether it completed the idle timing of its row count (the plan is
         then made again: the correction applies from now on)."""
-        if self.correction == "none" or state.clock is None or state.predicted <= 0.0:
+        if self.correction != "timing" or state.clock is None or state.predicted <= 0.0:
             return False
         ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
         kind = int(state.drafts)  # whether a draft pass ran
         b = bucket(len(state.planned))
         self.log_ratio[b][kind] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio[b][kind])
         self.timed[b][kind] += 1
-        if self.measured and kind:
-            h = int(state.planned[0]) if len(state.planned) == 1 else int(state.planned.max())
-            self.log_ratio_by[b][h] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio_by[b][h])
-            self.timed_by[b][h] += 1
         return kind == 0 and self.timed[b][0] == TIMING_MIN
-
-    def count_tokens(self, lengths: np.ndarray, acceptance: np.ndarray, kept: np.ndarray) -> None:
-        """Fold rows that were planned ``lengths`` (B,) drafts at ``acceptance`` (B,) and
-        kept ``kept`` (B,) into the tokens measured by draft length (``measured``)."""
-        drafted = lengths > 0
-        if not drafted.any():
-            return
-        k = lengths[drafted]
-        expected = expected_tokens(acceptance[drafted], k, self.profile)
-        seen = np.bincount(k, minlength=self.k_max + 1) > 0  # draft lengths sent this iteration
-        keep = np.where(seen, TOKENS_MEMORY, 1.0)
-        self.gained = self.gained * keep + np.bincount(k, weights=1.0 + kept[drafted], minlength=self.k_max + 1)
-        self.expected = self.expected * keep + np.bincount(k, weights=expected, minlength=self.k_max + 1)
-        self.counted = self.counted * keep + np.bincount(k, minlength=self.k_max + 1)
-        ready = self.counted[1:] >= TOKENS_MIN
-        if ready.any():
-            self.tokens = np.where(ready, self.gained[1:] / np.maximum(self.expected[1:], 1e-9), 1.0)
-            self.tokens_row = tuple(self.tokens.tolist())
-            self.idle_below = {}  # a bound holds for one correction only
 
     def timing_idle(self, rows: int) -> bool:
         """Whether iterations of ``rows`` rows idle to be timed: drafting ones were timed
@@ -478,7 +373,7 @@ class Goodput(Controller):
         never give the correction anything to weigh drafting against; once per row count,
         for the controller's life)."""
         b = bucket(rows)
-        return self.correction != "none" and self.timed[b][1] >= TIMING_MIN > self.timed[b][0]
+        return self.correction == "timing" and self.timed[b][1] >= TIMING_MIN > self.timed[b][0]
 
     def plan(self, acceptance: np.ndarray) -> np.ndarray:
         """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
@@ -491,22 +386,22 @@ class Goodput(Controller):
         rows = len(acceptance)
         if self.timing_idle(rows):
             return np.zeros(rows, dtype=np.int64)
-        drafting, top = np.asarray(self.drafting(rows)), float(acceptance.max())  # () or (K,)
+        drafting, top = self.drafting(rows), float(acceptance.max())
         bound = self.idle_below.get(rows)
-        if bound is not None and top <= bound[0] and (drafting >= bound[1]).all():  # known to idle (see the module)
+        if bound is not None and top <= bound[0] and drafting >= bound[1]:  # known to idle (see the module)
             return np.zeros(rows, dtype=np.int64)
-        lengths = plan_lengths(acceptance, self.costs, self.k_max, drafting, self.profile, self.tokens)
+        lengths = plan_lengths(acceptance, self.costs, self.k_max, drafting, self.profile)
         if not lengths.any() and float(acceptance.min()) == top:
             # the bound, with room for the timing correction's noise where it holds there too
             lower = drafting * IDLE_MARGIN
-            held = not plan_lengths(acceptance, self.costs, self.k_max, lower, self.profile, self.tokens).any()
+            held = not plan_lengths(acceptance, self.costs, self.k_max, lower, self.profile).any()
             self.idle_below[rows] = (top, lower if held else drafting)
         return lengths
 
     def plan_row(self, acceptance: float) -> int:
         """``plan`` of a row alone, whose drafts are accepted with probability ``acceptance``."""
         return 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1),
-                                                      self.profile_row, self.tokens_row)
+                                                      self.profile_row)
 
     def starting_acceptance(self) -> Tuple[float, float]:
         """The acceptance new rows start from, and the drafts' worth of evidence it counts
@@ -577,8 +472,6 @@ class Goodput(Controller):
         # correction: the plan stands
         if learnt or bucket(rows) != bucket(state.planned_for) or timed:
             if learnt:
-                if self.measured:  # before the counts move: the plan's acceptance
-                    self.count_tokens(state.planned, hits / (hits + misses), kept)
                 keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
                 rejected = drafted & (kept < sent)
                 hits = hits * keep + kept
@@ -623,8 +516,6 @@ class Goodput(Controller):
         plan, acceptance = planned, None
         if sent > 0 or state.planned_for > 1 or timed:  # learnt, planned for more rows, or a new correction
             if sent > 0:
-                if self.measured and planned > 0:  # before the counts move: the plan's acceptance
-                    self.count_one(planned, hits / (hits + misses), kept)
                 rejected = float(kept < sent)
                 hits, misses = hits * self.memory + kept, misses * self.memory + rejected
                 self.learn(float(kept), rejected)
@@ -647,23 +538,6 @@ class Goodput(Controller):
         planned = np.array([plan])
         return GoodputState(*arrays[:2], self.row_plan(plan, state.plan.device), *arrays[2:], planned,
                             self.seconds(planned, plan, plan), now, 1, 1, plan > 0)
-
-    def count_one(self, k: int, acceptance: float, kept: int) -> None:
-        """``count_tokens`` for a row alone, in plain Python but for the sums' update."""
-        a, gain, expected = min(max(acceptance, 0.0), 0.999), 1.0, 1.0
-        profile = self.profile_row
-        for j in range(k):
-            gain *= a if profile is None else min(max(acceptance * profile[j], 0.0), 0.999)
-            expected += gain
-        self.gained[k] = self.gained[k] * TOKENS_MEMORY + 1.0 + kept
-        self.expected[k] = self.expected[k] * TOKENS_MEMORY + expected
-        self.counted[k] = self.counted[k] * TOKENS_MEMORY + 1.0
-        if self.counted[k] >= TOKENS_MIN:
-            tokens = list(self.tokens_row) if self.tokens_row is not None else [1.0] * self.k_max
-            tokens[k - 1] = float(self.gained[k] / max(self.expected[k], 1e-9))
-            self.tokens_row = tuple(tokens)
-            self.tokens = np.array(tokens)
-            self.idle_below = {}
 
     def learn(self, kept: float, rejected: float) -> None:
         """Pool a drafting iteration's accepted drafts and rejections (over its rows)."""
