@@ -89,8 +89,13 @@ per row and for a batch's pass, every iteration:
   costs more than one after drafting (the drafter first catches up on the tokens accepted
   meanwhile: on a CNN/DM language model 2x the table against 1.5x); leaving those out of
   the correction was tried and measured worse (batch 16 on Multi30k drafted more and ran
-  0.82-0.87x ``loop-greedy``, against 0.91-0.95x), so they count. ``none``: the table
-  alone, so that a given table gives the same plans (tests).
+  0.82-0.87x ``loop-greedy``, against 0.91-0.95x), so they count. So was a correction by
+  draft length (c291fea, reverted): the timing kept apart for each longest draft, and each
+  draft length's expected tokens scaled by those its rows had gained (rows sent two drafts
+  gained 1.16x the tokens expected, rows sent eight 0.68x: a sentence ends within them). It
+  planned shorter drafts than the rows' own estimates deserved (the rows planned short are
+  those whose estimate had fallen) and ran 0.95x this one's speed at batch 1. ``none``: the
+  table alone, so that a given table gives the same plans (tests).
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
