@@ -168,7 +168,8 @@ def recomputed(model, encoder_out, tokens, lengths, horizon):
 def test_autoregressive_cached_drafting_equals_recomputation(layers):
     """Ragged rows accept different numbers of drafts (the cache keeps stale entries past
     each row's length and overwrites them), grow past the first capacity, and the
-    drafts still equal greedy drafting from scratch."""
+    drafts still equal greedy drafting from scratch; so they do where a row's new tokens
+    are not the drafts (another drafter's, as behind a lookup)."""
     spec_model, verifier, dictionary = tiny_drafter()
     model = draft_model(verifier, dictionary, layers)
     drafter = AutoregressiveDrafter(model, "native", shares_encoder=True)
@@ -190,10 +191,38 @@ def test_autoregressive_cached_drafting_equals_recomputation(layers):
         accepted = torch.tensor([step % (horizon + 1), horizon, 0])
         for row in range(bsz):
             n = int(accepted[row])
-            new = torch.cat([draft.tokens[row, :n], random_word(dictionary, gen)])
+            own = draft.tokens[row, :n] if row != 1 or step % 2 == 0 else torch.cat(
+                [random_word(dictionary, gen) for _ in range(n)])  # row 1: another drafter's, every other step
+            new = torch.cat([own, random_word(dictionary, gen)])
             tokens[row, lengths[row] : lengths[row] + n + 1] = new
         lengths = lengths + accepted + 1
     assert state.cache.capacity > 6
+
+
+def test_the_draft_model_keeps_the_drafts_it_fed_that_its_rows_accepted():
+    """After a draft of 4 tokens (3 of them fed to its cache), a row that accepted n of
+    them keeps min(n, 3) in the cache and feeds the rest; a row whose new tokens are not
+    the drafts (another drafter's) keeps none; a row's last token is always fed."""
+    _, verifier, dictionary = tiny_drafter()
+    drafter = AutoregressiveDrafter(draft_model(verifier, dictionary), "native", shares_encoder=True)
+    gen = torch.Generator().manual_seed(3)
+    bsz, horizon, capacity = 5, 4, 30
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    lengths = torch.tensor([6, 4, 5, 7, 3])
+    tokens = prefixes(dictionary, gen, bsz, capacity, lengths)
+    draft, state = drafter.draft(drafter.start(Source(src, src_lengths, encoder_out), capacity), tokens, lengths,
+                                 DraftRequest(horizon))
+    assert state.fed.shape == (bsz, horizon - 1)
+    accepted = [0, 2, 3, 4, 3]
+    for row, n in enumerate(accepted):
+        new = draft.tokens[row, :n]
+        if row == 4:  # another drafter's tokens: the first differs from this drafter's first draft
+            new = (draft.tokens[row, :n] + 1 - dictionary.nspecial) % (len(dictionary) - dictionary.nspecial)
+            new = new + dictionary.nspecial
+        correction = (draft.tokens[row, n : n + 1] + 1) if n < horizon else random_word(dictionary, gen)
+        tokens[row, lengths[row] : lengths[row] + n + 1] = torch.cat([new, correction])
+    grown = lengths + torch.tensor(accepted) + 1
+    assert (state.reusable(tokens, grown) - lengths).tolist() == [0, 2, 3, 3, 0]
 
 
 @pytest.mark.parametrize("shares_encoder", [True, False])

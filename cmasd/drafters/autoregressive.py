@@ -10,7 +10,9 @@ does (``cmasd.layers.cache.BlockScorer``: prepared layers, a key/value cache ind
 position), and its cache rolls back by length as the verifier's: a draft call first
 feeds the tokens accepted since the last call (several rows at once, ragged), then one
 drafted token per step; entries past a row's accepted length are simply overwritten
-next time.
+next time. The drafts it fed and the row accepted are kept, not fed again (at a steady
+state a call feeds one or two tokens, not every accepted one), and of the fed block only
+each row's last token runs the output projection.
 
 Encoder. When the draft model's encoder has the verifier's weights (a frozen copy, as
 ``ar_drafter`` trains it) decoding reuses the verifier's encoder output; otherwise the
@@ -60,11 +62,27 @@ class ARDrafterState:
     cache: Optional[VerifierCache]
     cached: Tensor  # (B,)
     pending: Optional[Pending] = None
+    # the drafts the last call fed at positions ``cached`` onwards (B, F): where a row
+    # accepted them, their keys and values are its own and are kept (None: none fed)
+    fed: Optional[Tensor] = None
 
     def select(self, rows: Tensor) -> "ARDrafterState":
         if self.cache is None:
             return replace(self, cached=self.cached.index_select(0, rows), pending=self.pending.select(rows))
-        return ARDrafterState(self.cache.select(rows), self.cached.index_select(0, rows))
+        return ARDrafterState(self.cache.select(rows), self.cached.index_select(0, rows), None,
+                              None if self.fed is None else self.fed.index_select(0, rows))
+
+    def reusable(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """Positions of each row's cache that hold its accepted tokens (B,): ``cached``,
+        and after it the drafts fed last time up to the first that is not the row's token
+        there (the keys and values of the same tokens after the same prefix), never the
+        row's last token, which each call feeds to draft from."""
+        if self.fed is None:
+            return self.cached
+        index = (self.cached[:, None] + torch.arange(self.fed.size(1), device=tokens.device)).clamp(
+            max=tokens.size(1) - 1)  # (B, F)
+        same = tokens.gather(1, index).eq(self.fed).long().cumprod(dim=1).sum(dim=1)  # (B,) leading matches
+        return torch.minimum(self.cached + same, lengths - 1)
 
     def grow(self, capacity: int) -> "ARDrafterState":
         if self.cache is None:
@@ -91,6 +109,10 @@ class AutoregressiveDrafter(ModelDrafter):
     checkpoint_option = "--ar-drafter-path"
     checkpoint_help = ("autoregressive draft model checkpoint (a fairseq Transformer with the verifier's dictionary; "
                        "needed by the ar-* configurations)")
+    # False: each call feeds every token since the row's last call and projects each of
+    # them (the behaviour before the drafts fed were kept), for an in-process comparison
+    # (docs/probes/interleaved_decodes.py --feed-all)
+    keeps_fed_drafts = True
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
                  shortlist: Optional[Shortlist] = None):
@@ -146,24 +168,31 @@ class AutoregressiveDrafter(ModelDrafter):
 
     @torch.no_grad()
     def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
-        """Feed each row's tokens from its cached length to its accepted length, then draft
-        ``request.horizon`` tokens one at a time (fewer when every row has drafted a token
-        below ``request.stop_below``). One host read for the shapes (how many tokens to
-        feed, how far the longest row reaches), and with ``stop_below`` one after each
-        drafted token but the last (whether every row is unsure)."""
+        """Feed each row's tokens past what its cache holds (``ARDrafterState.reusable``),
+        then draft ``request.horizon`` tokens one at a time (fewer when every row has
+        drafted a token below ``request.stop_below``). One host read for the shapes (how
+        many tokens to feed, how far the longest row reaches), and with ``stop_below`` one
+        after each drafted token but the last (whether every row is unsure)."""
         bsz, width = tokens.shape
         if state.cache is None:
             state = self.built(state)
         # every row feeds its last ``fed`` tokens (rows with fewer recompute some cached
         # ones, which is harmless), so each row's last accepted token sits at one index
-        fed, longest = torch.stack([(lengths - state.cached).max(), lengths.max()]).tolist()
+        cached = state.reusable(tokens, lengths) if self.keeps_fed_drafts else state.cached  # (B,)
+        fed, longest = torch.stack([(lengths - cached).max(), lengths.max()]).tolist()
         start = (lengths - fed).clamp(min=0)  # (B,)
         index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
-        # logits over the vocabulary (V), or over the shortlist's N pieces; the fed block
-        # ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0)
-        logits = self.scorer.score(state.cache, tokens.gather(1, index), start,
-                                   end=max(longest, fed))  # (B, fed, V or N)
-        last = logits[torch.arange(bsz, device=tokens.device), lengths - 1 - start]  # (B, V or N)
+        # the fed block ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0);
+        # the output projection (most of a step's cost) runs on each row's last token only:
+        # logits over the vocabulary (V), or over the shortlist's N pieces
+        states = self.scorer.states(state.cache, tokens.gather(1, index), start, end=max(longest, fed))  # (B, fed, C)
+        rows, at = torch.arange(bsz, device=tokens.device), lengths - 1 - start  # (B,) each row's last token
+        if fed == 1:
+            last = self.scorer.decoder.logits(states)[:, 0]  # (B, V or N)
+        elif self.keeps_fed_drafts:
+            last = self.scorer.decoder.logits(states[rows, at][:, None])[:, 0]
+        else:
+            last = self.scorer.decoder.logits(states)[rows, at]
         uniforms = request.uniforms()  # (B, H) or None
         steps, drafted, dists = [], [], []
         unsure = torch.zeros(bsz, dtype=torch.bool, device=tokens.device)  # (B,) drafted a token below stop_below
@@ -184,6 +213,8 @@ class AutoregressiveDrafter(ModelDrafter):
                 last = self.scorer.score(state.cache, token[:, None], lengths + i,
                                          end=longest + i + 1)[:, 0]  # (B, V or N)
         made = len(drafted)
+        # every draft but the last was fed at positions lengths onwards (``reusable``)
+        fed_drafts = torch.stack(drafted[: made - 1], dim=1) if made > 1 else None  # (B, made - 1)
         valid = None
         if made < request.horizon:  # stopped early: the positions after are never sent
             valid = torch.full((bsz,), made, dtype=torch.long, device=tokens.device)
@@ -194,4 +225,4 @@ class AutoregressiveDrafter(ModelDrafter):
                             (torch.stack(drafted, dim=1), logprobs))  # logits (B, H, V or N): the confidence
         if valid is not None:
             draft = replace(draft, valid=valid)
-        return draft, replace(state, cached=lengths)
+        return draft, replace(state, cached=lengths, fed=fed_drafts)

@@ -7,7 +7,11 @@ docs/results/speculation-pays.md's third session; `cmasd-bench` is the record).
         --set spec_draft_shortlist_counts=counts.de.txt \
         loop-greedy "idle:base=goodput-ar-sl2000;goodput_prior=0.02;goodput_probe_every=100000"
 
-A configuration is a bench name or `NAME:base=NAMED;KEY=VALUE;...`. `--time-parts` adds the
+A configuration is a bench name or `NAME:base=NAMED;KEY=VALUE;...`. `--feed-all CONFIG` makes
+that configuration's draft model feed every token since its last call and project each
+(`AutoregressiveDrafter.keeps_fed_drafts` off: the behaviour before 2026-11-29); the same
+configuration may be given twice, once plain and once with it. A language model's data takes
+`--prompt-tokens` and `--continuation-tokens` as `cmasd-bench` does. `--time-parts` adds the
 seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
 `--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen).
 """
@@ -35,6 +39,17 @@ def wrapped(spent, cls, name):
     setattr(cls, name, timed)
 
 
+def draft_models(drafter):
+    """The autoregressive draft models in ``drafter`` (a lookup's fallbacks included)."""
+    from cmasd.drafters.autoregressive import AutoregressiveDrafter
+
+    if isinstance(drafter, AutoregressiveDrafter):
+        yield drafter
+    for part in (getattr(drafter, "first", None), getattr(drafter, "second", None)):
+        if part is not None:
+            yield from draft_models(part)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data")
@@ -49,6 +64,9 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every configuration")
     ap.add_argument("--time-parts", action="store_true")
     ap.add_argument("--learned-weight", type=float, default=None)
+    ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--continuation-tokens", type=int, default=48)
     a = ap.parse_args()
     from cmasd.drafters.autoregressive import AutoregressiveDrafter
     from cmasd.verification import goodput
@@ -63,26 +81,33 @@ def main():
     args = argparse.Namespace(data=a.data, path=a.path, drafter_path=a.drafter, ar_drafter_path=a.ar_drafter,
                               exit_heads_path=None, blockwise_heads_path=None, source_lang=None, target_lang=None,
                               gen_subset=a.gen_subset, max_sentences=a.sentences, threads=2, cpu=True, fp16=False,
-                              bf16=False)
+                              bf16=False, prompt_tokens=a.prompt_tokens, continuation_tokens=a.continuation_tokens)
     roles = [role for role, path in (("spec", a.drafter), ("ar", a.ar_drafter)) if path]
     setup = loading.load_setup(args, roles)
     overrides = configs.parse_assignments(a.set)
-    generators = []
+    generators, names = [], []
     for spec in a.configs:
         config = [c for c in configs.resolve_configs(spec) if c.name != "greedy"][0]
-        generators.append((spec, loading.build_generator(setup, config, overrides, loading.drafter_paths(args))))
+        generator = loading.build_generator(setup, config, overrides, loading.drafter_paths(args))
+        name = spec
+        if spec in a.feed_all and spec + " (feed all)" not in names:
+            for model in draft_models(generator.drafter):
+                model.keeps_fed_drafts = False
+            name = spec + " (feed all)"
+        generators.append((name, generator))
+        names.append(name)
     batches = loading.build_batches(setup, a.batch_size)
     for _, generator in generators:
         decode_split(generator, setup, batches[:4])
-    seconds, stats = {spec: [] for spec in a.configs}, {}
+    seconds, stats = {name: [] for name in names}, {}
     for _ in range(a.repeats):
         for spec, generator in generators:
             t0 = time.perf_counter()
             run = decode_split(generator, setup, batches)
             seconds[spec].append(time.perf_counter() - t0)
             stats[spec] = run.stats if isinstance(run.stats, dict) else {}
-    first = statistics.median(seconds[a.configs[0]])
-    for spec in a.configs:
+    first = statistics.median(seconds[names[0]])
+    for spec in names:
         s, median = stats[spec], statistics.median(seconds[spec])
         print(f"{spec:60s} min {min(seconds[spec]):.3f} med {median:.3f} x{first / median:.3f} "
               f"tok/it {s.get('mean_accepted_tokens', 0):.2f} k {s.get('mean_k', 0):.2f} "
