@@ -186,13 +186,14 @@ class AutoregressiveDrafter(ModelDrafter):
         # the output projection (most of a step's cost) runs on each row's last token only:
         # logits over the vocabulary (V), or over the shortlist's N pieces
         states = self.scorer.states(state.cache, tokens.gather(1, index), start, end=max(longest, fed))  # (B, fed, C)
-        rows, at = torch.arange(bsz, device=tokens.device), lengths - 1 - start  # (B,) each row's last token
-        if fed == 1:
+        if fed == 1:  # at a steady state: each row's last token is the block
             last = self.scorer.decoder.logits(states)[:, 0]  # (B, V or N)
-        elif self.keeps_fed_drafts:
-            last = self.scorer.decoder.logits(states[rows, at][:, None])[:, 0]
         else:
-            last = self.scorer.decoder.logits(states)[rows, at]
+            rows, at = torch.arange(bsz, device=tokens.device), lengths - 1 - start  # (B,) each row's last token
+            if self.keeps_fed_drafts:
+                last = self.scorer.decoder.logits(states[rows, at][:, None])[:, 0]
+            else:
+                last = self.scorer.decoder.logits(states)[rows, at]
         uniforms = request.uniforms()  # (B, H) or None
         steps, drafted, dists = [], [], []
         unsure = torch.zeros(bsz, dtype=torch.bool, device=tokens.device)  # (B,) drafted a token below stop_below
