@@ -99,8 +99,10 @@ class LoopOptions:
         default="ragged",
         metadata={"help": "how a batch's verify pass lays out its rows' blocks: ragged (the position-wise layers "
                   "and the output projection run on the positions rows send: a row sending k drafts costs k + 1 "
-                  "positions) or padded (every row pays the widest row's block, as before)",
-                  "choices": ("ragged", "padded")},
+                  "positions), padded (every row pays the widest row's block, as before) or static (every row's "
+                  "block is the draft's horizon wide, whatever the rows send: a shape known without reading the "
+                  "device, so an iteration waits for a GPU once; for GPUs, where a wider block costs little)",
+                  "choices": ("ragged", "padded", "static")},
     )
 
 
@@ -351,7 +353,7 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
                                      kernels=kernels, seed=seed, sampling=sampling,
                                      per_sentence=per_sentence(cfg.spec_per_sentence, sampling is not None),
-                                     ragged=cfg.spec_verify == "ragged")
+                                     ragged=cfg.spec_verify == "ragged", static=cfg.spec_verify == "static")
     if controller.needs_costs and controller.costs is None:
         controller.use_costs(calibration.measured(generator))
     if log_stats:

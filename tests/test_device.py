@@ -11,7 +11,10 @@ synchronisation, which on a GPU waits for the queued work. The reads are
 counted per iteration (``step`` and the ``retire`` after it) and outside the loop, for
 every drafter kind, every acceptance rule and every controller, greedy and sampling, at
 batch 1 and on a ragged batch, and must equal the budget exactly: a new read fails, and
-so does a read removed without its budget lowered.
+so does a read removed without its budget lowered. With a static block (``--spec-verify
+static``) every drafter kind but those whose drafting decides on the host (SpecBound's early
+exits, a lookup in front of a model) reads the host once an iteration, at any controller
+but the host planner's.
 """
 
 import os
@@ -213,11 +216,10 @@ def sample(m, bsz: int):
 # file of the innermost library frame): each must be reached and not exceeded. Every
 # read here decides a shape or the control flow on the host; none reads a statistic.
 LOOP_READS = {
-    "block width: k.max(), the verify block's shape": 1,
-    "retire: which rows finished, their rows, lengths and steps, the others' length bounds": 1,
+    "block width: k.max(), the verify block's shape (none with a static block)": 1,
+    "retire: which rows finished, their rows, lengths and steps, the others' length bounds, and what the next "
+    "iteration's shapes need: the draft's horizon with a controller that budgets, the drafter's shapes": 1,
 }
-HORIZON_READ = 1  # loop, with a controller that budgets (``budget`` not None): the draft's horizon, budget.max()
-BUDGETING = {"cmasd", "gammatune", "gammatune-plus", "cmasd-gammatune", "hf-heuristic", "goodput"}
 RAGGED_READS = 1  # layers, at batch > 1: the positions the rows send, packed (nonzero: their count is a shape)
 CONTROLLER_READS = {
     # plans on the host in numpy: the rows kept where rows finish and others go on (a
@@ -226,20 +228,20 @@ CONTROLLER_READS = {
     "goodput": 1,
 }
 DRAFTER_READS = {
-    "spec": 1,  # the prefix tokens to feed and the longest prefix: shapes of its pass
-    "autoregressive": 1,  # the tokens to feed and the longest prefix: shapes of its first step
-    "specbound": 1 + HORIZON * (D_MAX + 1),  # the longest prefix; per drafted token, after each layer whether a
-    # row still runs deeper (the early exit), and whether any row drafts on
+    "spec": 0,  # the prefix tokens to feed: read by the loop (``shapes``), as is the longest prefix
+    "autoregressive": 0,  # the tokens to feed: read by the loop (``shapes``)
+    "specbound": HORIZON * (D_MAX + 1),  # per drafted token, after each layer whether a row still runs deeper
+    # (the early exit), and whether any row drafts on
     "blockwise": 0,
     "history": 0,
     "source": 0,
-    "history+source+autoregressive": 3,  # each lookup in front: whether it served every row, or none; the model's 1
+    "history+source+autoregressive": 2,  # each lookup in front: whether it served every row, or none
 }
 STOPPING = {"gammatune-plus", "assistant-threshold"}  # stop_below: a draft model stops once every row is unsure,
 STOP_READS = HORIZON - 1  # read after each drafted token but the last
 # Per batch, outside the loop
 BATCH_READS = {
-    "decoding/generator.py": 1,  # whether any source is empty (its warning)
+    "decoding/generator.py": 2,  # whether any source is empty (its warning); before the first iteration, ``ahead``
     "decoding/stats.py": 1,  # the batch's statistics, added up on the device and read once
 }
 ENCODER_READS = 2  # whether any source token is padding; fairseq's own position embedding of the source
@@ -257,12 +259,12 @@ def part(read: str) -> str:
     return where.split("/", 1)[0] if where != "decoding/generator.py" else "loop"
 
 
-def budget(drafter: str, controller: str, bsz: int) -> dict:
+def budget(drafter: str, controller: str, bsz: int, static: bool = False) -> dict:
     """The most reads of each part in one iteration."""
     stops = STOP_READS if controller in STOPPING and "autoregressive" in drafter else 0
     return {
-        "loop": sum(LOOP_READS.values()) + (HORIZON_READ if controller in BUDGETING else 0),
-        "layers": RAGGED_READS if bsz > 1 else 0,
+        "loop": sum(LOOP_READS.values()) - static,
+        "layers": RAGGED_READS if bsz > 1 and not static else 0,
         "drafters": DRAFTER_READS[drafter] + stops,
         "controller": CONTROLLER_READS.get(controller, 0),
         "rule": 0,
@@ -285,23 +287,28 @@ CASES = (
 )
 
 
+# with a static block: every drafter kind at fixed k, and the draft model under every controller
+STATIC_CASES = ([(kind, "exact", "fixed") for kind in DRAFTERS]
+                + [("autoregressive", "exact", controller) for controller in sorted(CONTROLLERS) if controller != "fixed"])
+ONCE = {"spec", "autoregressive", "blockwise", "history", "source"}  # drafters that add no read of their own
+
+
 def test_every_rule_and_controller_is_here():
     assert {rule for _, rule, _ in CASES} == set(ACCEPTANCE_RULES)
     assert {controller for _, _, controller in CASES} == set(CONTROLLERS)
-    assert set(CONTROLLER_READS) | BUDGETING | STOPPING <= set(CONTROLLERS)
+    assert set(CONTROLLER_READS) | STOPPING <= set(CONTROLLERS)
 
 
-@pytest.mark.parametrize("bsz", [1, 5])
-@pytest.mark.parametrize("drafter, rule, controller", CASES, ids=["-".join(case) for case in CASES])
-def test_an_iteration_makes_its_tensors_on_the_device_and_reads_the_host_within_budget(
-        models, drafter, rule, controller, bsz, monkeypatch):
+def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=False):
     sampling = Sampling(0.9) if ACCEPTANCE_RULES[rule].samples else None
-    decoded = recorded_decode(generator(models, drafter, rule, controller, sampling), sample(models, bsz), monkeypatch)
+    g = generator(models, drafter, rule, controller, sampling)
+    g.static, g.ragged = static, g.ragged and not static
+    decoded = recorded_decode(g, sample(models, bsz), monkeypatch)
     assert not decoded.strays, f"tensors made without the model's device: {Counter(decoded.strays)}"
     assert len(decoded.hypotheses) == bsz and len(decoded.inside) > 1
     most = {name: max(sum(part(read) == name for read in reads) for reads in decoded.inside)
             for name in ("loop", "layers", "drafters", "controller", "rule", "core", "decoding")}
-    expected = {**dict.fromkeys(most, 0), **budget(drafter, controller, bsz)}
+    expected = {**dict.fromkeys(most, 0), **budget(drafter, controller, bsz, static)}
     reads = Counter(read for reads in decoded.inside for read in reads)
     # the controller's read comes only in an iteration where some rows finish and others go on
     assert most["controller"] <= expected.pop("controller"), f"host reads: {dict(reads)}"
@@ -310,6 +317,28 @@ def test_an_iteration_makes_its_tensors_on_the_device_and_reads_the_host_within_
     outside = Counter(read.rsplit(" at ", 1)[1].rsplit(":", 1)[0] for read in decoded.outside)
     outside = Counter({("layers" if where.startswith("layers/") else where): n for where, n in outside.items()})
     assert outside == batch_budget(drafter), f"host reads outside the loop: {Counter(decoded.outside)}"
+    return decoded
+
+
+@pytest.mark.parametrize("bsz", [1, 5])
+@pytest.mark.parametrize("drafter, rule, controller", CASES, ids=["-".join(case) for case in CASES])
+def test_an_iteration_makes_its_tensors_on_the_device_and_reads_the_host_within_budget(
+        models, drafter, rule, controller, bsz, monkeypatch):
+    check_reads(models, drafter, rule, controller, bsz, monkeypatch)
+
+
+@pytest.mark.parametrize("bsz", [1, 5])
+@pytest.mark.parametrize("drafter, rule, controller", STATIC_CASES, ids=["-".join(case) for case in STATIC_CASES])
+def test_with_a_static_block_an_iteration_reads_the_host_once(models, drafter, rule, controller, bsz, monkeypatch):
+    """``--spec-verify static``: no read of the block's width or of a ragged layout; where
+    neither drafter nor controller adds its own, each iteration makes exactly one read, and
+    decodes what the ragged block decodes."""
+    decoded = check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=True)
+    if drafter in ONCE and controller not in CONTROLLER_READS and controller not in STOPPING:
+        assert all(len(reads) == 1 for reads in decoded.inside), [reads for reads in decoded.inside if len(reads) != 1]
+    ragged = generator(models, drafter, "exact", controller).decode(sample(models, bsz)).hypotheses
+    assert [[h["tokens"].tolist() for h in hyps] for hyps in decoded.hypotheses] == \
+        [[h["tokens"].tolist() for h in hyps] for hyps in ragged]
 
 
 def test_the_recorder_sees_what_it_must_refuse():

@@ -3,7 +3,8 @@ its position-wise layers and output projection on the positions rows send, not o
 widest row's block for every row. Lossless by construction, checked here in process on a
 tiny random verifier, every kernel, batch 1, 7 and 16, rows sending different k (k = 0
 included): the same hypotheses as the verifier decoding alone through the same loop, and
-as padded verification. (Through ``fairseq-generate`` against ``--beam 1``: the goodput
+as padded and static verification (``--spec-verify static``: every row's block the draft's
+horizon wide). (Through ``fairseq-generate`` against ``--beam 1``: the goodput
 tests, whose rows send their own k.)"""
 
 from dataclasses import dataclass
@@ -52,10 +53,10 @@ class Staggered(Controller):
         return Steps(state.ids, state.steps + 1)
 
 
-def decode(verifier, drafter, dictionary, controller, kernels, batch, ragged=True):
+def decode(verifier, drafter, dictionary, controller, kernels, batch, layout="ragged"):
     rules = LengthRules(max_len_b=20, max_positions=verifier.max_decoder_positions())
     generator = SpeculativeGenerator(verifier, drafter, dictionary, controller, Exact(), ConfidenceSpec(), rules,
-                                     kernels=kernels, ragged=ragged)
+                                     kernels=kernels, ragged=layout == "ragged", static=layout == "static")
     src, src_lengths = batch
     out, stats = generator.decode({"id": torch.arange(src.size(0)),
                                    "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
@@ -80,15 +81,15 @@ def test_ragged_verification_is_lossless(models, kernels, bsz, drafter, monkeypa
                       batch)
     packs = []
     monkeypatch.setattr(Ragged, "pack", lambda self, x, pack=Ragged.pack: packs.append(1) or pack(self, x))
-    for ragged in (True, False):
+    for layout in ("ragged", "padded", "static"):
         packs.clear()
         hypotheses, stats = decode(verifier, AutoregressiveDrafter(model, kernels, drafter == "itself"), dictionary,
-                                   Staggered(), kernels, batch, ragged)
-        assert hypotheses == alone, (ragged, kernels)
+                                   Staggered(), kernels, batch, layout)
+        assert hypotheses == alone, (layout, kernels)
         assert {0, 1, 2, 3} <= set(stats.k_histogram) or bsz == 1
         assert stats.drafted > 0 and (drafter != "itself" or stats.accepted == stats.drafted)
         if kernels != "gemv":  # (gemv: blocks of up to GEMV_MAX_ROWS rows run whole, fused)
-            assert bool(packs) == (ragged and bsz > 1)
+            assert bool(packs) == (layout == "ragged" and bsz > 1)
 
 
 def test_a_ragged_layout_packs_the_positions_rows_send():

@@ -34,6 +34,15 @@ Drafters compose (``cmasd.drafters.compose.Fallback``): a lookup in front of a m
 drafter serves the rows it can, the model the others, and the model does not run in an
 iteration where the lookup serves every row.
 
+A drafter whose passes take their shapes from the rows (how many tokens to feed) reads
+them from the device; on a GPU each such read waits for the queued work. So the loop reads
+them for it, with its own one read an iteration: after each iteration (and before the
+first) it asks ``shapes(state, tokens, lengths, going)`` for those numbers over the rows
+that go on, computed on the device, ``shape_reads`` of them, and gives them back on the next
+call as ``request.shapes``; with them ``request.longest``, the longest row's length, which
+the loop keeps on the host. A drafter called without them (``shapes`` None) reads them
+itself.
+
 A self-speculative drafter drafts with the verifier itself (``reads_verifier``): its
 request carries the verifier's scorer and cache (``request.verifier``), and two hooks let
 it meet the verifier without the loop knowing what it keeps:
@@ -90,6 +99,10 @@ class DraftRequest:
     # steps after it would be wasted. It then marks the positions it did not draft invalid.
     stop_below: Optional[float] = None
     verifier: Optional["VerifierView"] = None  # for a drafter that ``reads_verifier``; else None
+    # read by the loop for this call, on the host: what ``Drafter.shapes`` computed after the
+    # last iteration, and the longest row's length (lengths.max()); None: not read, read them
+    shapes: Optional[Tuple[int, ...]] = None
+    longest: Optional[int] = None
 
     def uniforms(self) -> Optional[Tensor]:
         """The uniforms of the draws of this draft, (B, horizon); None without sampling."""
@@ -167,6 +180,7 @@ class Drafter(abc.ABC):
     name: str = "drafter"  # in the statistics and in messages
     max_horizon: Optional[int] = None  # most tokens one draft holds; None: no limit
     reads_verifier: bool = False  # drafts with the verifier's own layers (``request.verifier``)
+    shape_reads: int = 0  # how many numbers ``shapes`` gives the loop to read for the next draft
 
     @abc.abstractmethod
     def start(self, source: Source, capacity: int) -> DrafterState:
@@ -176,6 +190,13 @@ class Drafter(abc.ABC):
     def draft(self, state: DrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, DrafterState]:
         """The next ``request.horizon`` tokens after each row's accepted ``tokens``
         (B, T) of ``lengths`` (B,) tokens, BOS included."""
+
+    def shapes(self, state: DrafterState, tokens: Tensor, lengths: Tensor, going: Tensor) -> Optional[Tensor]:
+        """After an iteration, on the device: the ``shape_reads`` numbers (long) the next
+        ``draft`` of the rows where ``going`` (B,) bool needs on the host, from their
+        accepted ``tokens`` (B, T) and ``lengths`` (B,); the loop reads them with its own one
+        read and passes them as ``request.shapes``. None: the drafter needs none."""
+        return None
 
     def lower_layers(self, state: DrafterState) -> Optional[LowerLayers]:
         """Before verification: the states of the block just drafted after the verifier's

@@ -65,6 +65,10 @@ class DecodeState:
     controller: RowState  # the controller's per-row state (``select``)
     shortest: int = 1  # lengths.min() and lengths.max() on the host, kept by ``retire`` (or ``bounded``)
     longest: int = 1
+    # read with them for the next iteration (``SpeculativeGenerator.ahead``): the draft's
+    # horizon where the controller budgets, the drafter's shapes (None: not read)
+    horizon: Optional[int] = None
+    shapes: Optional[Tuple[int, ...]] = None
     # the width of the batch's prompts (fairseq's forced prefix): its minimum length rule
     # applies from this step on, as fairseq's applies only after the prefix it forces
     prompt_width: int = 0
@@ -161,17 +165,21 @@ class SpeculativeGenerator:
     draws the iterations with it); None costs nothing.
 
     Every tensor is made on the model's device, and an iteration reads the device from
-    the host only for what the host must decide: the block's width, the draft's horizon
-    where the controller budgets, and in ``retire`` (one read) which rows finished and the
-    bounds of the others' lengths; the parts add their own (a drafter's shapes, a ragged
-    block's layout, a planner on the host). The statistics are added up on the device and
-    read once per batch. ``tests/test_device.py`` holds every part to its budget.
+    the host only for what the host must decide: in ``retire`` (one read) which rows
+    finished, the bounds of the others' lengths and what the next iteration's shapes need
+    (the draft's horizon where the controller budgets, the drafter's ``shapes``); and the
+    block's width (``k.max()``), unless ``static`` (the block is then the draft's horizon
+    wide, a shape known on the host: one read an iteration in all where the parts add none,
+    and the fixed shapes a captured graph needs). The parts may add their own (a ragged
+    block's layout, a lookup in front of a model, early exits, a planner on the host). The
+    statistics are added up on the device and read once per batch. ``tests/test_device.py``
+    holds every part to its budget.
     """
 
     def __init__(
         self, model, drafter: Drafter, tgt_dict, controller: Controller, acceptance: AcceptanceRule, confidence,
         rules: LengthRules, kernels: str = "native", seed: int = 1, sampling: Optional[Sampling] = None,
-        per_sentence: bool = False, ragged: bool = True,
+        per_sentence: bool = False, ragged: bool = True, static: bool = False,
     ):
         if acceptance.samples != (sampling is not None):
             raise ValueError("an acceptance rule that samples needs sampling options, and sampling options need one")
@@ -179,7 +187,9 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.kernels = kernels
         self.scorer = BlockScorer(model.decoder, kernels)
-        self.ragged = ragged  # a batch's verify pass scores only the positions its rows send
+        # every row's block is the draft's horizon wide (no read of the widest row's), padded
+        self.static = static
+        self.ragged = ragged and not static  # a batch's verify pass scores only the positions its rows send
         self.encode = encoder_of(model.encoder, kernels) if has_encoder(model) else None  # None: a language model
         self.controller = controller
         self.acceptance = acceptance
@@ -245,6 +255,7 @@ class SpeculativeGenerator:
             self.warn_empty_sources(sample)
             source = Source(src_tokens, net_input["src_lengths"], self.encode(net_input))
         state = self.start(source, ids, capacity, expected, prompts, bos_token)
+        state = self.read_ahead(state)
         finished: List[List[Dict[str, Tensor]]] = [[] for _ in range(bsz)]
         if prompts is not None and prompts.eq(self.eos).any():  # fairseq ends a row at an eos it forces
             last = state.tokens.gather(1, (state.lengths - 1)[:, None]).squeeze(1)  # (B,)
@@ -266,8 +277,10 @@ class SpeculativeGenerator:
         bsz = done.numel()
         bounds = torch.stack([torch.where(done, state.tokens.size(1), state.lengths).min(),
                               torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
-        host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds]).tolist()  # (4B + 2,)
+        ahead, budgets = self.ahead(state, ~done)
+        host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds, ahead]).tolist()
         ended, rows, lengths, steps = (host[i * bsz : (i + 1) * bsz] for i in range(4))
+        bounds, ahead = host[4 * bsz : 4 * bsz + 2], host[4 * bsz + 2 :]
         kept = [row for row in range(bsz) if not ended[row]]
         for row in range(bsz):
             if ended[row]:
@@ -276,7 +289,29 @@ class SpeculativeGenerator:
             return replace(state, rows=state.rows[:0])
         if len(kept) < bsz:
             state = state.select(torch.tensor(kept, dtype=torch.long, device=done.device))
-        return self.reserve(replace(state, shortest=host[-2], longest=host[-1]))
+        return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **self.planned(ahead, budgets)))
+
+    def ahead(self, state: DecodeState, going: Tensor) -> Tuple[Tensor, bool]:
+        """What the next iteration of the rows where ``going`` (B,) bool must know on the
+        host, on the device (n,): the draft's horizon where the controller budgets (the
+        most any row may send), then the drafter's ``shapes``; and whether it budgets."""
+        budget = self.controller.budget(state.controller)  # (B,) or None
+        shapes = self.drafter.shapes(state.drafter, state.tokens, state.lengths, going)  # (n,) or None
+        parts = [part for part in (None if budget is None else torch.where(going, budget, 0).max()[None], shapes)
+                 if part is not None]
+        return (torch.cat(parts) if parts else state.lengths.new_zeros(0)), budget is not None
+
+    def planned(self, ahead: List[int], budgets: bool) -> Dict[str, Any]:
+        """``ahead``'s numbers, read: the state's ``horizon`` and ``shapes``."""
+        if len(ahead) != budgets + self.drafter.shape_reads:
+            raise RuntimeError(f"drafter {self.drafter.name} gave {len(ahead) - budgets} shapes to read, "
+                               f"not its shape_reads ({self.drafter.shape_reads})")
+        return {"horizon": ahead[0] if budgets else None, "shapes": tuple(ahead[budgets:])}
+
+    def read_ahead(self, state: DecodeState) -> DecodeState:
+        """Before the first iteration: ``ahead`` over every row, read."""
+        ahead, budgets = self.ahead(state, torch.ones_like(state.lengths, dtype=torch.bool))
+        return replace(state, **self.planned(ahead.tolist(), budgets))
 
     @staticmethod
     def warn_empty_sources(sample: Dict[str, Any]) -> None:
@@ -350,9 +385,12 @@ class SpeculativeGenerator:
         t0 = clock(state.tokens)
         random = RowRandom.of(self.seed, state.ids, state.steps, self.horizon + 1) if self.random else None  # (B, 3, H+1)
         budget = self.controller.budget(state.controller)  # (B,) or None
-        horizon = self.horizon if budget is None else int(budget.max())  # a host read: the draft's shape
+        horizon = self.horizon if budget is None else state.horizon  # read with the last iteration's (``ahead``)
+        if horizon is None:  # a state the loop did not make (``read_ahead``): read here
+            horizon = int(budget.max())
         request = replace(self.request, horizon=horizon, random=random if self.sampling is not None else None,
-                          verifier=VerifierView(self.scorer, state.verifier) if self.drafter.reads_verifier else None)
+                          verifier=VerifierView(self.scorer, state.verifier) if self.drafter.reads_verifier else None,
+                          shapes=state.shapes, longest=state.longest)
         if horizon:
             draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         else:  # no row may send anything: the drafter catches up on its next call
@@ -364,7 +402,10 @@ class SpeculativeGenerator:
         k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
         if draft.valid is not None:
             k = torch.minimum(k, draft.valid)  # (B,)
-        width = int(k.max())  # a host read: the block's shape
+        if self.static:  # as wide as any row may send (no row reaches past the forced eos)
+            width = max(0, min(horizon, max_len + 1 - state.shortest))
+        else:
+            width = int(k.max())  # a host read: the block's shape
         proposal = Proposal(
             draft.tokens[:, :width],  # (B, W)
             k,

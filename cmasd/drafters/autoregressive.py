@@ -106,6 +106,7 @@ class AutoregressiveDrafter(ModelDrafter):
     model_class = (TransformerModelBase, TransformerLanguageModel)
     options = (ModelDrafterOptions,)
     bench_role = "ar"
+    shape_reads = 1  # how many tokens the next call feeds
     checkpoint_option = "--ar-drafter-path"
     checkpoint_help = ("autoregressive draft model checkpoint (a fairseq Transformer with the verifier's dictionary; "
                        "needed by the ar-* configurations)")
@@ -166,20 +167,31 @@ class AutoregressiveDrafter(ModelDrafter):
             cache = cache.select(rows)
         return ARDrafterState(cache, state.cached)
 
+    def kept(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """How many of each row's tokens its cache holds (B,) (``ARDrafterState.reusable``)."""
+        return state.reusable(tokens, lengths) if self.keeps_fed_drafts else state.cached
+
+    def shapes(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, going: Tensor) -> Tensor:
+        """How many tokens the next call feeds: (1,), the most of the rows that go on."""
+        return torch.where(going, lengths - self.kept(state, tokens, lengths), 0).max()[None]
+
     @torch.no_grad()
     def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
         """Feed each row's tokens past what its cache holds (``ARDrafterState.reusable``),
         then draft ``request.horizon`` tokens one at a time (fewer when every row has
-        drafted a token below ``request.stop_below``). One host read for the shapes (how
-        many tokens to feed, how far the longest row reaches), and with ``stop_below`` one
+        drafted a token below ``request.stop_below``). Its shapes (how many tokens to feed,
+        how far the longest row reaches) come read with the loop's own read
+        (``request.shapes``), or where not, one host read here; with ``stop_below`` one read
         after each drafted token but the last (whether every row is unsure)."""
         bsz, width = tokens.shape
         if state.cache is None:
             state = self.built(state)
         # every row feeds its last ``fed`` tokens (rows with fewer recompute some cached
         # ones, which is harmless), so each row's last accepted token sits at one index
-        cached = state.reusable(tokens, lengths) if self.keeps_fed_drafts else state.cached  # (B,)
-        fed, longest = torch.stack([(lengths - cached).max(), lengths.max()]).tolist()
+        if request.shapes is None:  # called outside the loop: read them here
+            fed, longest = torch.stack([(lengths - self.kept(state, tokens, lengths)).max(), lengths.max()]).tolist()
+        else:  # read by the loop (``shapes``)
+            (fed,), longest = request.shapes, request.longest
         start = (lengths - fed).clamp(min=0)  # (B,)
         index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
         # the fed block ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0);

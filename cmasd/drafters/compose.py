@@ -10,7 +10,7 @@ either draft travels on, row by row (``merged_metrics``); both drafters observe 
 verification.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Tuple
 
 import torch
@@ -58,6 +58,19 @@ class Fallback(Drafter):
         limits = [d.max_horizon for d in (first, second) if d.max_horizon is not None]
         self.max_horizon = min(limits) if limits else None
         self.reads_verifier = first.reads_verifier or second.reads_verifier
+        self.shape_reads = first.shape_reads + second.shape_reads
+
+    def shapes(self, state: FallbackState, tokens: Tensor, lengths: Tensor, going: Tensor) -> Optional[Tensor]:
+        parts = [shapes for shapes in (self.first.shapes(state.first, tokens, lengths, going),
+                                       self.second.shapes(state.second, tokens, lengths, going)) if shapes is not None]
+        return torch.cat(parts) if parts else None
+
+    def split(self, request: DraftRequest) -> Tuple[DraftRequest, DraftRequest]:
+        """The request of each drafter: its own of the shapes the loop read."""
+        if request.shapes is None:
+            return request, request
+        n = self.first.shape_reads
+        return replace(request, shapes=request.shapes[:n]), replace(request, shapes=request.shapes[n:])
 
     def start(self, source: Source, capacity: int) -> FallbackState:
         return FallbackState(self.first.start(source, capacity), self.second.start(source, capacity))
@@ -72,12 +85,13 @@ class Fallback(Drafter):
                              self.second.observe(state.second, states, accepted), state.second_alone)
 
     def draft(self, state: FallbackState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, FallbackState]:
-        a, first_state = self.first.draft(state.first, tokens, lengths, request)
+        first_request, second_request = self.split(request)
+        a, first_state = self.first.draft(state.first, tokens, lengths, first_request)
         served = a.offered() > 0  # (B,)
         every, some = torch.stack([served.all(), served.any()]).tolist()  # one host read
         if every:
             return a, FallbackState(first_state, state.second)
-        b, second_state = self.second.draft(state.second, tokens, lengths, request)
+        b, second_state = self.second.draft(state.second, tokens, lengths, second_request)
         keep = served  # (B,)
         logprobs = b.logprobs
         if logprobs is not None:  # a lookup's rows: the point mass it drafted

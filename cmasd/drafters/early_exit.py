@@ -206,7 +206,8 @@ class EarlyExitDrafter(ModelDrafter):
         bsz, device = tokens.size(0), tokens.device
         width = min(request.horizon, self.max_horizon)
         start = lengths - 1  # (B,) position of the last accepted token
-        longest = int(lengths.max())  # a host read: the fed tokens' positions reach longest - 1 + j
+        # the fed tokens' positions reach longest - 1 + j (read by the loop, or here)
+        longest = int(lengths.max()) if request.longest is None else request.longest
         feed = tokens.gather(1, start[:, None])  # (B, 1)
         feeding = torch.ones(bsz, dtype=torch.bool, device=device)
         drafts = tokens.new_full((bsz, width), self.pad)

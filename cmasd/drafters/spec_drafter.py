@@ -83,6 +83,7 @@ class SpecDrafter(ModelDrafter):
     model_class = SpecDrafterModel
     options = (ModelDrafterOptions,)
     bench_role = "spec"
+    shape_reads = 2  # the most and the fewest tokens a row feeds next
     checkpoint_option = "--drafter-path"
     checkpoint_help = "Spec-Drafter checkpoint (needed by the configurations that draft with it: most speculative ones)"
 
@@ -142,11 +143,19 @@ class SpecDrafter(ModelDrafter):
             cache = cache.select(pending.rows)
         return cache
 
+    def shapes(self, state: Union[Pending, SpecDrafterCache], tokens: Tensor, lengths: Tensor,
+               going: Tensor) -> Tensor:
+        """The most and the fewest tokens a row that goes on feeds next: (2,)."""
+        grown = lengths if isinstance(state, Pending) else lengths - state.cached  # (B,)
+        return torch.stack([torch.where(going, grown, 0).max(), torch.where(going, grown, lengths.max()).min()])
+
     def draft(self, state: Union[Pending, SpecDrafterCache], tokens: Tensor, lengths: Tensor,
               request: DraftRequest) -> Tuple[Draft, SpecDrafterCache]:
         if isinstance(state, Pending):
             state = self.built(state)
-        logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block)  # (B, H, V or N)
+        shapes = None if request.shapes is None else (*request.shapes, request.longest)
+        logits, state = self.logits(state, tokens, lengths, slots=request.horizon, block=self.block,
+                                    shapes=shapes)  # (B, H, V or N)
         return model_draft(logits, request, self.padding_idx, shortlist=self.shortlist), state
 
     @torch.no_grad()
@@ -175,6 +184,7 @@ class SpecDrafter(ModelDrafter):
         lengths: Tensor,
         slots: Optional[int] = None,
         block: Optional[int] = None,
+        shapes: Optional[Tuple[int, int, int]] = None,
     ) -> Tuple[Tensor, SpecDrafterCache]:
         """Draft the k_max tokens after each row's accepted prefix.
 
@@ -196,7 +206,9 @@ class SpecDrafter(ModelDrafter):
         capacity = state.capacity
         device = tokens.device
         grown = lengths - state.cached  # (B,)
-        most_new, least_new, longest = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
+        if shapes is None:  # one host read
+            shapes = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
+        most_new, least_new, longest = shapes
         if least_new < 0:
             raise ValueError("drafter cache is append-only: a row's length fell below its cached count")
         if longest > capacity:

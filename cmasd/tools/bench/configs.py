@@ -95,6 +95,7 @@ AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 # compact model's 8,001), and its linear layers on int8 weights: two ways to cheapen a draft step.
 SHORTLIST = {"spec_draft_shortlist": 2000}
 INT8 = {"spec_drafter_quantize": "int8"}
+STATIC = {"spec_verify": "static"}  # every row's block the draft's horizon wide: one host read an iteration
 # The cost-aware controller: per row the k in 0 .. 8 that maximises expected accepted tokens per
 # second from this machine's measured costs (cmasd.verification.goodput), exact acceptance.
 GOODPUT = {"spec_controller": "goodput", "spec_k_max": 8, **EXACT}
@@ -235,6 +236,11 @@ CONFIGS: Dict[str, BenchConfig] = {
                     SHORTLIST, drafter="ar"),
         speculative("goodput-ar-history", "goodput-ar with history drafts in front (--spec-history-ngram 3; "
                     "lossless)", AR, GOODPUT, HISTORY, drafter="ar"),
+        speculative("ar-g4-exact-static", "ar-g4-exact with a static block (--spec-verify static: every row's "
+                    "block 4 drafts wide, the shape known on the host; one host read an iteration, for a GPU; "
+                    "lossless)", AR, {"spec_k": 4}, EXACT, STATIC, drafter="ar"),
+        speculative("specdec-k5-exact-static", "specdec-k5-exact with a static block (--spec-verify static; "
+                    "lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT, STATIC),
         speculative("history-k8-exact", "history drafts alone (--spec-history-ngram 3, no model drafter), up to 8 "
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, HISTORY, EXACT, drafter=NO_DRAFTER),
         speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "
