@@ -128,6 +128,9 @@ DRAFTER_SETUPS = {
     "source": lambda d: ["--spec-source-ngram", "1", "--spec-k", "6"],
     "history+source+autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-history-ngram", "2",
                                                 "--spec-source-ngram", "1", "--spec-k", "3"],
+    # a static block: every row's block the draft's horizon wide (one host read an iteration)
+    "source+spec-static": lambda d: ["--drafter-path", d["spec"], "--spec-source-ngram", "1", "--spec-k", "5",
+                                     "--spec-verify", "static"],
 }
 
 
@@ -164,6 +167,9 @@ HISTORY_CONTROLLERS = {
                                       "--spec-idle-below", "2", "--spec-probe-every", "3"],
     "cmasd-idle-autoregressive": lambda d: ["--drafter-path", d["ar"], "--spec-controller", "cmasd", "--spec-k-max",
                                             "5", "--spec-idle-below", "2.5", "--spec-probe-every", "2"],
+    "cmasd-idle-autoregressive-static": lambda d: ["--drafter-path", d["ar"], "--spec-controller", "cmasd",
+                                                   "--spec-k-max", "5", "--spec-idle-below", "2.5",
+                                                   "--spec-probe-every", "2", "--spec-verify", "static"],
 }
 
 
