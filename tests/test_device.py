@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import pytest
 import torch
 from helpers import draft_model, random_heads, ragged_source, tiny_drafter
@@ -223,8 +224,8 @@ LOOP_READS = {
 RAGGED_READS = 1  # layers, at batch > 1: the positions the rows send, packed (nonzero: their count is a shape)
 CONTROLLER_READS = {
     # plans on the host in numpy: the rows kept where rows finish and others go on (a
-    # batch done drops nothing); on a GPU also this iteration's sent/accepted counts (on a
-    # CPU numpy views of them: no read)
+    # batch done drops nothing); the iteration's sent/accepted counts come with the loop's
+    # read (``plans_on_host``), on a GPU as on a CPU
     "goodput": 1,
 }
 DRAFTER_READS = {
@@ -334,11 +335,30 @@ def test_with_a_static_block_an_iteration_reads_the_host_once(models, drafter, r
     neither drafter nor controller adds its own, each iteration makes exactly one read, and
     decodes what the ragged block decodes."""
     decoded = check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=True)
-    if drafter in ONCE and controller not in CONTROLLER_READS and controller not in STOPPING:
-        assert all(len(reads) == 1 for reads in decoded.inside), [reads for reads in decoded.inside if len(reads) != 1]
+    if drafter in ONCE and controller not in STOPPING:  # (the controller's read: only where rows finish)
+        reads = [[read for read in reads if part(read) != "controller"] for reads in decoded.inside]
+        assert all(len(loop) == 1 for loop in reads), [loop for loop in reads if len(loop) != 1]
     ragged = generator(models, drafter, "exact", controller).decode(sample(models, bsz)).hypotheses
     assert [[h["tokens"].tolist() for h in hyps] for hyps in decoded.hypotheses] == \
         [[h["tokens"].tolist() for h in hyps] for hyps in ragged]
+
+
+@pytest.mark.parametrize("bsz", [1, 5])
+def test_a_controller_that_plans_on_the_host_hears_the_counts_from_the_loops_read(models, bsz, monkeypatch):
+    """goodput's ``observe`` reads the counts from the device itself (on a GPU a second wait
+    an iteration, which the CPU's views hide from the recorder); the loop never calls it,
+    and hands ``observe_read`` the counts of its own read, for every row of every iteration."""
+    g = generator(models, "autoregressive", "exact", "goodput")
+    heard = []
+    monkeypatch.setattr(type(g.controller), "observe", lambda *args: pytest.fail("observe was called"))
+    observe_read = type(g.controller).observe_read
+    monkeypatch.setattr(type(g.controller), "observe_read",
+                        lambda self, state, sent, kept: heard.append((sent, kept)) or observe_read(self, state, sent, kept))
+    hypotheses, stats = g.decode(sample(models, bsz))
+    assert len(heard) == stats.batch_iterations
+    assert sum(int(sent.sum()) for sent, _ in heard) == stats.drafted > 0
+    assert sum(int(kept.sum()) for _, kept in heard) == stats.accepted
+    assert all(sent.dtype == np.int64 and (kept <= sent).all() for sent, kept in heard)
 
 
 def test_the_recorder_sees_what_it_must_refuse():

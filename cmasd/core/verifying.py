@@ -20,6 +20,7 @@ import abc
 from dataclasses import dataclass, fields, replace
 from typing import NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -135,6 +136,11 @@ class Controller(abc.ABC):
     # or reads a saved table (``--spec-costs``) and hands it over through ``use_costs``
     # before the first batch.
     needs_costs: bool = False
+    # A controller that plans on the host, from what each row sent and kept, says so here:
+    # the loop then reads those counts with its own one read of the iteration and hands them
+    # to ``observe_read`` in place of ``observe`` (after the iteration, before finished rows
+    # leave), and takes the draft's horizon from ``host_budget``, not from reading ``budget``.
+    plans_on_host: bool = False
 
     @classmethod
     @abc.abstractmethod
@@ -165,3 +171,13 @@ class Controller(abc.ABC):
         """The state after an iteration in which each row sent ``proposed`` (B,) drafts and
         the verifier accepted ``accepted`` (B,) of them."""
         return state
+
+    def observe_read(self, state: RowState, proposed: np.ndarray, accepted: np.ndarray) -> RowState:
+        """``observe`` with the counts (B,) int64 read to the host by the loop (a controller
+        that ``plans_on_host``)."""
+        raise TypeError(f"{type(self).__name__} does not plan on the host")
+
+    def host_budget(self, state: RowState) -> int:
+        """The most any row may send next (``budget``'s largest), known on the host (a
+        controller that ``plans_on_host``)."""
+        raise TypeError(f"{type(self).__name__} does not plan on the host")

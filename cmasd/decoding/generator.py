@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -69,6 +70,9 @@ class DecodeState:
     # horizon where the controller budgets, the drafter's shapes (None: not read)
     horizon: Optional[int] = None
     shapes: Optional[Tuple[int, ...]] = None
+    # what each row sent and kept in the iteration just run, for a controller that plans on
+    # the host: read by ``retire`` (None: no such controller, or no iteration yet)
+    counts: Optional[Tuple[Tensor, Tensor]] = None
     # the width of the batch's prompts (fairseq's forced prefix): its minimum length rule
     # applies from this step on, as fairseq's applies only after the prefix it forces
     prompt_width: int = 0
@@ -278,9 +282,14 @@ class SpeculativeGenerator:
         bounds = torch.stack([torch.where(done, state.tokens.size(1), state.lengths).min(),
                               torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
         ahead, budgets = self.ahead(state, ~done)
-        host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds, ahead]).tolist()
+        counts = [] if state.counts is None else list(state.counts)  # (B,) each
+        host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds, ahead, *counts]).tolist()
         ended, rows, lengths, steps = (host[i * bsz : (i + 1) * bsz] for i in range(4))
-        bounds, ahead = host[4 * bsz : 4 * bsz + 2], host[4 * bsz + 2 :]
+        at = 4 * bsz + 2 + ahead.numel()
+        bounds, ahead = host[4 * bsz : 4 * bsz + 2], host[4 * bsz + 2 : at]
+        if counts:  # a controller that plans on the host hears the iteration, every row of it
+            sent, kept = np.array(host[at : at + bsz]), np.array(host[at + bsz :])
+            state = replace(state, controller=self.controller.observe_read(state.controller, sent, kept), counts=None)
         kept = [row for row in range(bsz) if not ended[row]]
         for row in range(bsz):
             if ended[row]:
@@ -289,29 +298,34 @@ class SpeculativeGenerator:
             return replace(state, rows=state.rows[:0])
         if len(kept) < bsz:
             state = state.select(torch.tensor(kept, dtype=torch.long, device=done.device))
-        return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **self.planned(ahead, budgets)))
+        return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **self.planned(state, ahead, budgets)))
 
     def ahead(self, state: DecodeState, going: Tensor) -> Tuple[Tensor, bool]:
         """What the next iteration of the rows where ``going`` (B,) bool must know on the
         host, on the device (n,): the draft's horizon where the controller budgets (the
         most any row may send), then the drafter's ``shapes``; and whether it budgets."""
-        budget = self.controller.budget(state.controller)  # (B,) or None
+        # (a controller that plans on the host knows its budget there, after it hears the counts)
+        budget = None if self.controller.plans_on_host else self.controller.budget(state.controller)  # (B,) or None
         shapes = self.drafter.shapes(state.drafter, state.tokens, state.lengths, going)  # (n,) or None
         parts = [part for part in (None if budget is None else torch.where(going, budget, 0).max()[None], shapes)
                  if part is not None]
         return (torch.cat(parts) if parts else state.lengths.new_zeros(0)), budget is not None
 
-    def planned(self, ahead: List[int], budgets: bool) -> Dict[str, Any]:
-        """``ahead``'s numbers, read: the state's ``horizon`` and ``shapes``."""
+    def planned(self, state: DecodeState, ahead: List[int], budgets: bool) -> Dict[str, Any]:
+        """``ahead``'s numbers, read: the ``horizon`` and ``shapes`` of ``state`` (its rows
+        those that go on)."""
         if len(ahead) != budgets + self.drafter.shape_reads:
             raise RuntimeError(f"drafter {self.drafter.name} gave {len(ahead) - budgets} shapes to read, "
                                f"not its shape_reads ({self.drafter.shape_reads})")
-        return {"horizon": ahead[0] if budgets else None, "shapes": tuple(ahead[budgets:])}
+        horizon = ahead[0] if budgets else None
+        if self.controller.plans_on_host:
+            horizon = self.controller.host_budget(state.controller)
+        return {"horizon": horizon, "shapes": tuple(ahead[budgets:])}
 
     def read_ahead(self, state: DecodeState) -> DecodeState:
         """Before the first iteration: ``ahead`` over every row, read."""
         ahead, budgets = self.ahead(state, torch.ones_like(state.lengths, dtype=torch.bool))
-        return replace(state, **self.planned(ahead.tolist(), budgets))
+        return replace(state, **self.planned(state, ahead.tolist(), budgets))
 
     @staticmethod
     def warn_empty_sources(sample: Dict[str, Any]) -> None:
@@ -420,7 +434,10 @@ class SpeculativeGenerator:
         t2 = clock(state.tokens)
         verdict = self.acceptance.accept(proposal, lprobs)
         accepted = verdict.accepted  # (B,)
-        controller_state = self.controller.observe(state.controller, k, accepted)
+        if self.controller.plans_on_host:  # it hears the counts in ``retire``, read with the loop's read
+            controller_state, counts = state.controller, (k, accepted)
+        else:
+            controller_state, counts = self.controller.observe(state.controller, k, accepted), None
         drafter_state = self.drafter.observe(drafter_state, states, accepted)
         ids = state.ids  # (B,) sentence ids of this iteration's rows (``state`` is replaced next)
         state, gained, done = self.append(state, proposal, lprobs, accepted, verdict.next_token)
@@ -436,7 +453,7 @@ class SpeculativeGenerator:
         if self.observer is not None:
             self.observer(StepRecord(ids.cpu(), proposal.tokens.cpu(), k.cpu(), accepted.cpu(),
                                      verdict.next_token.cpu(), gained.cpu()))
-        return replace(state, drafter=drafter_state, controller=controller_state), done
+        return replace(state, drafter=drafter_state, controller=controller_state, counts=counts), done
 
     def verify(self, state: DecodeState, proposal: Proposal, max_len: int,
                lower: Optional[LowerLayers] = None) -> Tuple[Tensor, Tensor]:

@@ -291,6 +291,7 @@ class Goodput(Controller):
     options = (DraftLengthOptions, GoodputOptions)
     initial_length_option = "spec_k_max"
     needs_costs = True
+    plans_on_host = True  # the loop reads each row's counts with its own read (``observe_read``)
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
                  costs: Optional[Costs] = None, correction: str = "none", start: str = "prior",
@@ -445,17 +446,24 @@ class Goodput(Controller):
         return state.plan.clamp(max=draft.tokens.size(1))
 
     def observe(self, state: GoodputState, proposed: Tensor, accepted: Tensor) -> GoodputState:
-        """On the host (the counts live there): one read of this iteration's counts (on a
-        CPU, views of the tensors; none when the plan sent nothing), then numpy's few
+        """``observe_read`` of this iteration's counts, read here (on a CPU, views of the
+        tensors). The loop reads them with its own read instead (``plans_on_host``)."""
+        if proposed.device.type != "cpu":
+            sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each: a host read
+        else:
+            sent, kept = proposed.numpy(), accepted.numpy()  # (B,) each: views
+        return self.observe_read(state, sent, kept)
+
+    def host_budget(self, state: GoodputState) -> int:
+        return int(state.planned.max())
+
+    def observe_read(self, state: GoodputState, sent: np.ndarray, kept: np.ndarray) -> GoodputState:
+        """On the host (the counts live there), after the iteration's one read: numpy's few
         operations on a few numbers each, or plain Python's for a row alone (at batch 1
         an iteration costs about a millisecond, and numpy's calls on one-element arrays
         would be a tenth of it). The plan goes back to the device when it changed."""
-        rows = proposed.numel()
-        if proposed.device.type != "cpu":  # the read also ends a GPU's iteration, for the clock
-            sent, kept = torch.stack([proposed, accepted]).cpu().numpy()  # (B,) each: the host read
-        elif state.drafts:
-            sent, kept = proposed.numpy(), accepted.numpy()  # (B,) each: views, read here only
-        else:  # every row was planned at 0: nothing was sent, nothing is learnt
+        rows = len(sent)
+        if not state.drafts:  # every row was planned at 0: nothing was sent, nothing is learnt
             sent = kept = None
         now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
         timed = self.time(state, now)
