@@ -28,6 +28,8 @@ Usage: bash data-prep/gpu-run.sh --prepare DIR
                 and the checkpoints into --work (default DIR/work).
 --smoke         the same stages on the CPU in a few minutes: a 1+1-layer 64-wide "base",
                 a few updates of each drafter, 500 training sentences, 8 test sentences
+--bench-only    the setup, data and bench stages alone, on the checkpoints an earlier call
+                left in --work (a second call on a machine still warm: other --configs)
 
 Stages:
   setup      when fairseq does not import: pip install --no-index --no-deps FROM/wheels/*.whl
@@ -73,6 +75,7 @@ DATA_ARG=""
 WORK=""
 PRECISION=""
 SMOKE=0
+BENCH_ONLY=0
 VERIFIER_MINUTES=1.5
 DRAFTER_MINUTES=1.0
 TRAIN_SENTENCES=""
@@ -104,6 +107,7 @@ while (( $# )); do
       esac
       shift 2 ;;
     --smoke) SMOKE=1; shift ;;
+    --bench-only) BENCH_ONLY=1; shift ;;
     *) usage >&2; die "unexpected argument: $1" ;;
   esac
 done
@@ -177,6 +181,13 @@ done
 
 OUT="$(abs_path "$OUT")"
 WORK="$(abs_path "${WORK:-$OUT/work}")"
+TRAINED=(verifier/checkpoint_best.pt drafter/checkpoint_best.pt ar-drafter/checkpoint_best.pt
+  blockwise/checkpoint_best.pt)
+if (( BENCH_ONLY )); then
+  for checkpoint in "${TRAINED[@]}"; do
+    [[ -f "$WORK/$checkpoint" ]] || die "--bench-only: no $WORK/$checkpoint (give the --work of a finished call)"
+  done
+fi
 LOGS="$OUT/logs"
 mkdir -p "$OUT" "$LOGS" "$WORK"
 STAGES_TSV="$OUT/stages.tsv"
@@ -186,6 +197,12 @@ export PYTHONPATH="$CMASD_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 STAGE=""
 STAGE_START=0
 stage_begin() { STAGE="$1"; STAGE_START="$SECONDS"; log "stage $1: $2"; }
+# skipped NAME: with --bench-only, record stage NAME as skipped (true); else false
+skipped() {
+  (( BENCH_ONLY )) || return 1
+  printf '%s\t0\tskipped\n' "$1" >> "$STAGES_TSV"
+  log "stage $1: skipped (--bench-only: the checkpoints in $WORK)"
+}
 stage_end() {
   printf '%s\t%s\t%s\n' "$STAGE" "$((SECONDS - STAGE_START))" "$1" >> "$STAGES_TSV"
   log "stage $STAGE: $1 in $((SECONDS - STAGE_START)) s"
@@ -304,6 +321,8 @@ else
   SPEC_BATCH=(--max-tokens 8192) AR_BATCH=(--max-tokens 8192) BLOCKWISE_BATCH=(--max-tokens 4096)
 fi
 VERIFIER="$WORK/verifier/checkpoint_best.pt"
+DISTILLED="$WORK/distill"
+if ! skipped verifier; then
 stage_begin verifier "transformer-base -> $WORK/verifier"
 rm -rf "$WORK/verifier"
 logged verifier bash "$CMASD_ROOT/data-prep/train-verifier.sh" "$DATA" base --save-dir "$WORK/verifier" \
@@ -311,10 +330,11 @@ logged verifier bash "$CMASD_ROOT/data-prep/train-verifier.sh" "$DATA" base --sa
 [[ -f "$VERIFIER" ]] || die "training ended without $VERIFIER"
 grep -E '\| (valid|train) \|' "$LOGS/verifier.log" | tail -n 2 >&2 || true
 stage_end ran
+fi
 
 # ------------------------------------------------------------------ distill
 
-DISTILLED="$WORK/distill"
+if ! skipped distill; then
 stage_begin distill "the verifier's greedy translations of train and valid -> $DISTILLED"
 rm -rf "$DISTILLED"
 DISTILL_PRECISION=()
@@ -323,9 +343,11 @@ if [[ "$DEVICE" == cuda ]]; then DISTILL_PRECISION=(--fp16) DISTILL_BATCH=512; f
 logged distill bash "$CMASD_ROOT/data-prep/distill.sh" "$DATA" "$VERIFIER" --dest "$DISTILLED" --batch-size "$DISTILL_BATCH" \
   -- --max-len-a 1.5 --max-len-b 10 ${DISTILL_PRECISION[@]+"${DISTILL_PRECISION[@]}"}
 stage_end ran
+fi
 
 # ------------------------------------------------------------------ drafters
 
+if ! skipped drafters; then
 stage_begin drafters "Spec-Drafter, draft model and blockwise heads, at the same time"
 rm -rf "$WORK/drafter" "$WORK/ar-drafter" "$WORK/blockwise"
 COMMON=(--lr 1e-3 --no-epoch-checkpoints --num-workers 1 "${BOUNDED[@]}" "${DRAFTER_BOUND[@]}")
@@ -344,6 +366,7 @@ wait "$ar_pid" || failed+=(ar-drafter)
 wait "$blockwise_pid" || failed+=(blockwise)
 (( ${#failed[@]} == 0 )) || die "drafter training failed: ${failed[*]} (see $LOGS/)"
 stage_end ran
+fi
 
 # ------------------------------------------------------------------ bench
 

@@ -48,6 +48,7 @@ from cmasd.verification.sampling import Sampling
 
 FACTORIES = {"zeros", "ones", "full", "empty", "arange", "range", "tensor", "as_tensor", "rand", "randn", "randint",
              "randperm", "linspace", "logspace", "eye", "empty_strided", "scalar_tensor"}
+UPLOADS = {"tensor", "as_tensor", "new_tensor"}  # from host data: on a GPU a copy that waits for the device
 READS = {"item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero", "argwhere",
          "masked_select", "unique", "unique_consecutive", "bincount", "repeat_interleave", "__format__", "__repr__"}
 LIBRARY = str(Path(cmasd.__file__).parent) + os.sep
@@ -83,10 +84,13 @@ class Recorder(TorchFunctionMode):
         self.strays: List[str] = []
         self.inside: List[List[str]] = []  # per iteration, its reads
         self.outside: List[str] = []
+        self.uploads: List[List[str]] = []  # per iteration, its copies of host data to the device
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name in UPLOADS and self.iteration is not None and not isinstance(args[-1] if args else None, torch.Tensor):
+            self.uploads[self.iteration].append(f"{name} at {site()}")
         if name in FACTORIES and kwargs.get("device") is None:
             self.strays.append(f"torch.{name} at {site()}")
         elif name in READS or (name == "__getitem__" and masked(args)):
@@ -101,6 +105,7 @@ class Recorder(TorchFunctionMode):
         def stepped(*args, **kwargs):
             self.iteration = len(self.inside)
             self.inside.append([])
+            self.uploads.append([])
             return step(*args, **kwargs)
 
         def retired(*args, **kwargs):
@@ -128,6 +133,7 @@ class Decoded:
     inside: List[List[str]]
     outside: List[str]
     hypotheses: list
+    uploads: List[List[str]]
 
 
 def recorded_decode(generator, sample, monkeypatch) -> Decoded:
@@ -139,7 +145,7 @@ def recorded_decode(generator, sample, monkeypatch) -> Decoded:
         hypotheses, stats = generator.decode(sample)
     monkeypatch.undo()
     assert stats.batch_iterations == len(recorder.inside)
-    return Decoded(recorder.strays, recorder.inside, recorder.outside, hypotheses)
+    return Decoded(recorder.strays, recorder.inside, recorder.outside, hypotheses, recorder.uploads)
 
 
 # ------------------------------------------------------------------ the parts
@@ -238,6 +244,7 @@ DRAFTER_READS = {
     "source": 0,
     "history+source+autoregressive": 2,  # each lookup in front: whether it served every row, or none
 }
+UPLOADS_BUDGET = {"goodput": 1}
 STOPPING = {"gammatune-plus", "assistant-threshold"}  # stop_below: a draft model stops once every row is unsure,
 STOP_READS = HORIZON - 1  # read after each drafted token but the last
 # Per batch, outside the loop
@@ -318,6 +325,10 @@ def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=Fals
     outside = Counter(read.rsplit(" at ", 1)[1].rsplit(":", 1)[0] for read in decoded.outside)
     outside = Counter({("layers" if where.startswith("layers/") else where): n for where, n in outside.items()})
     assert outside == batch_budget(drafter), f"host reads outside the loop: {Counter(decoded.outside)}"
+    # copies of host data to the device: only goodput's plan, where it changed (at batch 1 a
+    # tensor made once for each k)
+    uploads = Counter(upload for uploads in decoded.uploads for upload in uploads)
+    assert max(map(len, decoded.uploads)) <= UPLOADS_BUDGET.get(controller, 0), f"uploads: {dict(uploads)}"
     return decoded
 
 
@@ -362,11 +373,16 @@ def test_a_controller_that_plans_on_the_host_hears_the_counts_from_the_loops_rea
 
 
 def test_the_recorder_sees_what_it_must_refuse():
-    """The recorder itself: a stray factory call and each kind of host read are seen."""
+    """The recorder itself: a stray factory call, each kind of host read and the copies of
+    host data to the device are seen."""
     recorder, on_device = Recorder(), torch.ones(3)
     recorder.inside.append([])
+    recorder.uploads.append([])
     recorder.iteration = 0
     with recorder:
+        torch.tensor([1, 2], device=on_device.device)
+        torch.as_tensor(on_device, device=on_device.device)  # already a tensor: no upload
+        on_device.new_tensor(3)
         torch.zeros(2)
         torch.arange(3, device=on_device.device)
         on_device.new_zeros(2)
@@ -380,5 +396,6 @@ def test_the_recorder_sees_what_it_must_refuse():
         on_device[on_device > 0]
         [0, 1][on_device.long()[1]]
     assert recorder.strays == ["torch.zeros at ?"]
+    assert [upload.split(" at ")[0] for upload in recorder.uploads[0]] == ["tensor", "new_tensor"]
     assert [read.split(" at ")[0] for read in recorder.inside[0]] == [
         "item", "tolist", "__bool__", "__int__", "__float__", "cpu", "nonzero", "__getitem__", "__index__"]

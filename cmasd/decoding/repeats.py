@@ -39,7 +39,7 @@ def ban_repeated_ngrams(lprobs: Tensor, tokens: Tensor, lengths: Tensor, drafts:
     keys = full.gather(1, back.clamp(min=0).view(bsz, -1)).view(bsz, width + 1, size - 1)  # (B, W + 1, N - 1)
     same = (windows[:, None, :, : size - 1] == keys[:, :, None, :]).all(dim=-1)  # (B, W + 1, S)
     inside = starts[None, None, :] <= position[:, :, None] - size  # (B, W + 1, S): n-gram within the prefix
-    banned = torch.where(same & inside, windows[:, None, :, size - 1], full.new_tensor(-1))  # (B, W + 1, S)
+    banned = torch.where(same & inside, windows[:, None, :, size - 1], -1)  # (B, W + 1, S)
     if bool((banned >= 0).any()):
         hit = banned >= 0
         rows, cols, _ = hit.nonzero(as_tuple=True)
