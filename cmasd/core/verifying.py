@@ -18,7 +18,7 @@ defined beside it); ``cmasd.options`` composes them into ``fairseq-generate``'s 
 
 import abc
 from dataclasses import dataclass, fields, replace
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -67,8 +67,10 @@ class RowState:
     rows (``select`` keeps the rows that remain). A record without fields is the state of
     a controller that keeps none."""
 
-    def select(self, rows: Tensor) -> "RowState":
-        """Keep only ``rows`` (LongTensor of row indices)."""
+    def select(self, rows: Tensor, host: Optional[Sequence[int]] = None) -> "RowState":
+        """Keep only ``rows`` (LongTensor of row indices); ``host``: the same indices on the
+        host where the loop knows them (a state that keeps host arrays selects with them,
+        not by reading ``rows``)."""
         kept = {f.name: getattr(self, f.name).index_select(0, rows) for f in fields(self)
                 if isinstance(getattr(self, f.name), Tensor)}
         return replace(self, **kept) if kept else self

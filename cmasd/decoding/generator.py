@@ -77,7 +77,8 @@ class DecodeState:
     # applies from this step on, as fairseq's applies only after the prefix it forces
     prompt_width: int = 0
 
-    def select(self, keep: Tensor) -> "DecodeState":
+    def select(self, keep: Tensor, host: Optional[List[int]] = None) -> "DecodeState":
+        """The rows ``keep`` (B',) long; ``host``: the same indices on the host, if known."""
         return replace(
             self,
             rows=self.rows[keep],
@@ -88,7 +89,7 @@ class DecodeState:
             steps=self.steps[keep],
             verifier=self.verifier.select(keep),
             drafter=self.drafter.select(keep),
-            controller=self.controller.select(keep),
+            controller=self.controller.select(keep, host),
         )
 
     def bounded(self) -> "DecodeState":
@@ -297,7 +298,7 @@ class SpeculativeGenerator:
         if not kept:  # the batch is done: nothing to keep (selecting every cache down to 0 rows cost a copy each)
             return replace(state, rows=state.rows[:0])
         if len(kept) < bsz:  # the rows that go on, in order (a stable sort: no copy from the host, which would wait)
-            state = state.select(torch.sort(done.long(), stable=True).indices[: len(kept)])
+            state = state.select(torch.sort(done.long(), stable=True).indices[: len(kept)], kept)
         return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **self.planned(state, ahead, budgets)))
 
     def ahead(self, state: DecodeState, going: Tensor) -> Tuple[Tensor, bool]:

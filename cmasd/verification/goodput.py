@@ -109,7 +109,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -198,8 +198,8 @@ class GoodputState(RowState):
     predicted_for: int = 0  # the rows active when ``predicted`` was
     drafts: bool = True  # whether any row was planned above 0 (False: nothing is sent, nothing need be read)
 
-    def select(self, rows: Tensor) -> "GoodputState":
-        here = rows.cpu().numpy()  # a host read, in an iteration where rows finish
+    def select(self, rows: Tensor, host: Optional[Sequence[int]] = None) -> "GoodputState":
+        here = rows.cpu().numpy() if host is None else np.asarray(host, dtype=np.int64)  # else a host read
         planned = self.planned[here]
         return GoodputState(self.hits[here], self.misses[here], self.plan[rows], self.wait[here], planned,
                             self.predicted, self.clock, self.planned_for, self.predicted_for, bool(planned.any()))

@@ -38,7 +38,7 @@ positions projected).
 """
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -188,7 +188,7 @@ class GammaState(RowState):
     average: Tensor  # (B,) float: gamma_bar
     idle: Optional[IdleState] = None  # drafting nothing where it does not pay (``Idle``)
 
-    def select(self, rows: Tensor) -> "GammaState":
+    def select(self, rows: Tensor, host: Optional[Sequence[int]] = None) -> "GammaState":
         kept = super().select(rows)
         return kept if self.idle is None else replace(kept, idle=self.idle.select(rows))
 
