@@ -12,35 +12,36 @@ from torch import Tensor
 from cmasd.drafters.registry import METRIC_REPORTS
 
 
-def padded(counts: Tensor, size: int) -> Tensor:
-    """``counts`` (n,) with zeros appended up to (size,) (n <= size)."""
-    return torch.nn.functional.pad(counts, (0, size - counts.numel()))
-
-
-@dataclass(frozen=True)
+@dataclass
 class Pending:
-    """Counts of iterations added up on the device, not yet read (``DecodeStats.settle``)."""
+    """Each iteration's per-row counts as the loop made them, kept on the device with no
+    arithmetic an iteration, until ``DecodeStats.settle`` adds them all up at once."""
 
-    counts: Tensor  # (5,) long: tokens gained, drafted, accepted, rollbacks, pardoned
-    confidence: Tensor  # () float64: the mean block confidence of every row-iteration, summed
-    sent: Tensor  # (W,) long: drafts sent at each position
-    kept: Tensor  # (W,) long: drafts accepted at each position
-    ks: Tensor  # (W + 1,) long: row-iterations that sent k drafts, k = 0 .. W
-    metrics: Dict[str, Tensor]  # a drafter's metric name -> () long total
+    k: List[Tensor] = field(default_factory=list)  # per iteration, (B,): drafts sent
+    accepted: List[Tensor] = field(default_factory=list)  # (B,) drafts accepted
+    gained: List[Tensor] = field(default_factory=list)  # (B,) tokens appended
+    pardoned: List[Tensor] = field(default_factory=list)  # (B,) accepted only by a relaxed test, where any
+    confidence: List[Tensor] = field(default_factory=list)  # (B,) mean block confidence, where computed
+    metrics: Dict[str, List[Tensor]] = field(default_factory=dict)  # a drafter's metric name -> (B,) each
+    width: int = 0  # the widest block
 
-    def plus(self, other: "Pending") -> "Pending":
-        """Both iterations' counts; the position counts as wide as the wider."""
-        width = max(self.sent.numel(), other.sent.numel())
-        names = {**self.metrics, **other.metrics}
-        return Pending(
-            self.counts + other.counts,
-            self.confidence + other.confidence,
-            padded(self.sent, width) + padded(other.sent, width),
-            padded(self.kept, width) + padded(other.kept, width),
-            padded(self.ks, width + 1) + padded(other.ks, width + 1),
-            {name: self.metrics[name] + other.metrics[name] if name in self.metrics and name in other.metrics
-             else names[name] for name in names},
-        )
+    def totals(self) -> Tensor:
+        """Everything added up, float64 on the device (counts exact: far below 2**53): the
+        five counts (tokens gained, drafted, accepted, rollbacks, pardoned), the confidence
+        sum, the drafts sent and accepted at each position (W each), the row-iterations that
+        sent k drafts (k = 0 .. W), then each metric's total in ``metrics``' order."""
+        k, accepted = torch.cat(self.k), torch.cat(self.accepted)  # (N,) each: every row-iteration
+        position = torch.arange(self.width, device=k.device)  # (W,)
+        zero = k.new_zeros(1)
+        pardons = torch.cat(self.pardoned).sum()[None] if self.pardoned else zero
+        confidence = torch.cat(self.confidence).double().sum()[None] if self.confidence else zero.double()
+        parts = [torch.cat(self.gained).sum()[None], k.sum()[None], accepted.sum()[None], (accepted < k).sum()[None],
+                 pardons, confidence,
+                 (k[:, None] > position).sum(dim=0),  # (W,) rows that sent a draft at each position
+                 (accepted[:, None] > position).sum(dim=0),  # (W,) rows that accepted it
+                 k.new_zeros(self.width + 1).index_add_(0, k, torch.ones_like(k)),  # (W + 1,) rows that sent k
+                 *(torch.cat(values).sum()[None] for values in self.metrics.values())]
+        return torch.cat([part.double() for part in parts])
 
 
 @dataclass
@@ -85,39 +86,35 @@ class DecodeStats:
         statistics until the batch ends."""
         if width is None:
             width = int(k.max()) if k.numel() else 0
-        position = torch.arange(width, device=k.device)  # (W,)
-        pardons = accepted.new_zeros(()) if pardoned is None else pardoned.sum()
-        iteration = Pending(
-            counts=torch.stack([gained.sum(), k.sum(), accepted.sum(), (accepted < k).sum(), pardons]),  # (5,)
-            confidence=k.new_zeros((), dtype=torch.float64) if confidence is None else confidence.sum().double(),
-            sent=(k[:, None] > position).sum(dim=0),  # (W,) rows that sent a draft at each position
-            kept=(accepted[:, None] > position).sum(dim=0),  # (W,) rows that accepted it
-            ks=k.new_zeros(width + 1).index_add_(0, k, torch.ones_like(k)),  # (W + 1,) rows that sent k drafts
-            metrics={name: value.sum().long() for name, value in (metrics or {}).items()},
-        )
-        self.pending = iteration if self.pending is None else self.pending.plus(iteration)
+        pending = self.pending = self.pending or Pending()
+        pending.k.append(k)
+        pending.accepted.append(accepted)
+        pending.gained.append(gained)
+        pending.width = max(pending.width, width)
+        if pardoned is not None:
+            pending.pardoned.append(pardoned)
+        if confidence is not None:
+            pending.confidence.append(confidence)
+            self.confidence_rows += confidence.numel()
+        for name, value in (metrics or {}).items():
+            pending.metrics.setdefault(name, []).append(value)
         self.iterations += k.numel()
         self.batch_iterations += 1
-        if confidence is not None:
-            self.confidence_rows += confidence.numel()
 
     def settle(self) -> None:
         """Read the counts ``observe`` left on the device (one transfer) into these."""
         pending, self.pending = self.pending, None
         if pending is None:
             return
-        names = list(pending.metrics)
-        parts = [pending.counts, pending.confidence[None], pending.sent, pending.kept, pending.ks,
-                 *(pending.metrics[name][None] for name in names)]
-        values = torch.cat([part.double() for part in parts]).tolist()  # exact: counts far below 2**53
+        values = pending.totals().tolist()
         counts, values = [int(v) for v in values[:5]], values[5:]
+        names, width = list(pending.metrics), pending.width
         self.tokens += counts[0]
         self.drafted += counts[1]
         self.accepted += counts[2]
         self.rollbacks += counts[3]
         self.pardoned += counts[4]
         self.confidence_sum += values[0]
-        width = pending.sent.numel()
         sent, kept = values[1 : 1 + width], values[1 + width : 1 + 2 * width]
         ks, found = values[1 + 2 * width : 2 + 3 * width], values[2 + 3 * width :]
         self.k_histogram.update({k: int(rows) for k, rows in enumerate(ks) if rows})
