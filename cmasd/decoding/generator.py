@@ -277,8 +277,10 @@ class SpeculativeGenerator:
     def retire(self, state: DecodeState, done: Tensor, finished: List[List[Dict[str, Tensor]]]) -> DecodeState:
         """Record the hypotheses of the rows that just finished (``done`` (B,) bool) and
         drop them; make room in the caches for the next iteration of the others. One
-        read from the device: which rows finished, their rows, lengths and steps, and
-        the bounds of the other rows' lengths (``shortest``, ``longest``)."""
+        read from the device: which rows finished, their rows, lengths and steps, the
+        bounds of the other rows' lengths (``shortest``, ``longest``), what the next
+        iteration's shapes need (``ahead``) and, for a controller that plans on the host,
+        what each row sent and accepted (heard here, before finished rows leave)."""
         bsz = done.numel()
         bounds = torch.stack([torch.where(done, state.tokens.size(1), state.lengths).min(),
                               torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
@@ -289,8 +291,9 @@ class SpeculativeGenerator:
         at = 4 * bsz + 2 + ahead.numel()
         bounds, ahead = host[4 * bsz : 4 * bsz + 2], host[4 * bsz + 2 : at]
         if counts:  # a controller that plans on the host hears the iteration, every row of it
-            sent, kept = np.array(host[at : at + bsz]), np.array(host[at + bsz :])
-            state = replace(state, controller=self.controller.observe_read(state.controller, sent, kept), counts=None)
+            sent, accepted = np.array(host[at : at + bsz]), np.array(host[at + bsz :])
+            state = replace(state, controller=self.controller.observe_read(state.controller, sent, accepted),
+                            counts=None)
         kept = [row for row in range(bsz) if not ended[row]]
         for row in range(bsz):
             if ended[row]:
