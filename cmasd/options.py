@@ -23,6 +23,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from cmasd.checkpoint import allow_fairseq_checkpoints, require_checkpoint
 from cmasd.decoding import calibration
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.layers.graphs import CudaGraphs
 from cmasd.layers.kernels import KERNEL_CHOICES, resolve_kernels
 from cmasd.decoding.sentences import PER_SENTENCE_CHOICES, per_sentence
 from cmasd.drafters.base import Drafter, ModelDrafterOptions, Nothing
@@ -103,6 +104,13 @@ class LoopOptions:
                   "block is the draft's horizon wide, whatever the rows send: a shape known without reading the "
                   "device, so an iteration waits for a GPU once; for GPUs, where a wider block costs little)",
                   "choices": ("ragged", "padded", "static")},
+    )
+    spec_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "replay the verify pass, and the autoregressive draft model's passes, from CUDA graphs "
+                  "recorded on first use for each batch rows / block width (GPU only; implies --spec-verify "
+                  "static): one launch where a pass is otherwise a hundred, which bounds a GPU at small batches; the "
+                  "caches live in buffers kept across batches. Equal to the eager passes to float tolerance"},
     )
 
 
@@ -332,6 +340,9 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
         raise UsageError(f"--drafter-kind {kind.name}: drafts the argmax only, it cannot propose draws for --sampling "
                          "(leave out --sampling, or choose a drafter that samples)")
     kernels = resolve_kernels(cfg.spec_kernels, next(verifier.parameters()))
+    if cfg.spec_cuda_graphs and not next(verifier.parameters()).is_cuda:
+        raise UsageError(f"--spec-cuda-graphs: the verifier is on the {next(verifier.parameters()).device.type}; "
+                         "CUDA graphs need it on a GPU (leave the option out)")
     controller, acceptance, confidence = build_parts(
         cfg, None if kind is None else kind.horizon_limit(drafter_model), sampling is not None
     )
@@ -353,7 +364,8 @@ def build_speculative_generator(models, drafter_model, task, gen_cfg, cfg: Specu
     generator = SpeculativeGenerator(verifier, drafter, tgt_dict, controller, acceptance, confidence, rules,
                                      kernels=kernels, seed=seed, sampling=sampling,
                                      per_sentence=per_sentence(cfg.spec_per_sentence, sampling is not None),
-                                     ragged=cfg.spec_verify == "ragged", static=cfg.spec_verify == "static")
+                                     ragged=cfg.spec_verify == "ragged", static=cfg.spec_verify == "static",
+                                     graphs=CudaGraphs() if cfg.spec_cuda_graphs else None)
     if controller.needs_costs and controller.costs is None:
         controller.use_costs(calibration.measured(generator))
     if log_stats:

@@ -335,6 +335,17 @@ def test_ct2_rows_skipped_when_decoding_on_a_gpu():
                        "to measure them)" for name in ("ct2-greedy", "ct2-greedy-int8")]
 
 
+def test_cuda_graph_rows_skipped_on_a_cpu_and_kept_on_a_gpu():
+    from cmasd.tools.bench.cli import without_missing_engines
+
+    rows = resolve_configs("greedy,ar-g4-exact-graphs,specdec-k5-exact-graphs,specdec-k5-exact-static")
+    kept, skipped = without_missing_engines(rows, torch.device("cpu"))
+    assert [c.name for c in kept] == ["greedy", "specdec-k5-exact-static"]
+    assert skipped == [f"{name}-graphs: skipped, CUDA graphs need a GPU, the decoders here run on cpu"
+                       for name in ("ar-g4-exact", "specdec-k5-exact")]
+    assert without_missing_engines(rows, torch.device("cuda")) == (list(rows), [])
+
+
 def test_ct2_cache_is_beside_the_checkpoint_unless_read_only(tmp_path):
     from cmasd.tools.bench.ct2 import cache_location
 

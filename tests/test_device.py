@@ -40,6 +40,7 @@ from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads
 from cmasd.drafters.ngram import HistoryNgram, SourceNgram
 from cmasd.drafters.registry import DRAFTER_KINDS
 from cmasd.drafters.spec_drafter import SpecDrafter
+from cmasd.layers.graphs import EagerGraphs, GraphedScorer
 from cmasd.options import SpeculativeDecodingConfig
 from cmasd.verification.acceptance import ACCEPTANCE_RULES
 from cmasd.verification.confidence import ConfidenceSpec
@@ -306,10 +307,14 @@ def test_every_rule_and_controller_is_here():
     assert set(CONTROLLER_READS) | STOPPING <= set(CONTROLLERS)
 
 
-def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=False):
+def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=False, graphs=None):
     sampling = Sampling(0.9) if ACCEPTANCE_RULES[rule].samples else None
     g = generator(models, drafter, rule, controller, sampling)
     g.static, g.ragged = static, g.ragged and not static
+    if graphs is not None:  # the verify pass, and a draft model's passes, replayed (``--spec-cuda-graphs``)
+        g.scorer = GraphedScorer(models["verifier"].decoder, "native", graphs)
+        if isinstance(g.drafter, AutoregressiveDrafter):
+            g.drafter.scorer = GraphedScorer(models["ar"].decoder, "native", graphs)
     decoded = recorded_decode(g, sample(models, bsz), monkeypatch)
     assert not decoded.strays, f"tensors made without the model's device: {Counter(decoded.strays)}"
     assert len(decoded.hypotheses) == bsz and len(decoded.inside) > 1
@@ -350,6 +355,45 @@ def test_with_a_static_block_an_iteration_reads_the_host_once(models, drafter, r
     ragged = generator(models, drafter, "exact", controller).decode(sample(models, bsz)).hypotheses
     assert [[h["tokens"].tolist() for h in hyps] for hyps in decoded.hypotheses] == \
         [[h["tokens"].tolist() for h in hyps] for hyps in ragged]
+
+
+class Counted(EagerGraphs):
+    """``EagerGraphs`` that counts its replays."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def record(self, run):
+        recorded = super().record(run)
+        replay = recorded.replay
+
+        def counted():
+            self.replays += 1
+            replay()
+
+        recorded.replay = counted
+        return recorded
+
+
+GRAPHED_CASES = ([(kind, "exact", "fixed") for kind in ("spec", "autoregressive", "blockwise", "history")]
+                 + [("autoregressive", "exact", controller) for controller in ("cmasd", "goodput")])
+
+
+@pytest.mark.parametrize("bsz", [1, 5])
+@pytest.mark.parametrize("drafter, rule, controller", GRAPHED_CASES, ids=["-".join(case) for case in GRAPHED_CASES])
+def test_a_recorded_pass_reads_nothing_from_the_host(models, drafter, rule, controller, bsz, monkeypatch):
+    """``--spec-cuda-graphs``: a CUDA graph records a pass only if the pass never waits for
+    the device (a read fails the recording) nor makes a tensor off it. Here the passes
+    replay by running again (``EagerGraphs``), under the recorder: the iteration still reads
+    the host once, and decodes what the eager static block decodes."""
+    graphs = Counted()
+    decoded = check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=True, graphs=graphs)
+    assert graphs.replays >= len(decoded.inside)
+    assert all(len(reads) == 1 for reads in decoded.inside), [reads for reads in decoded.inside if len(reads) != 1]
+    static = generator(models, drafter, "exact", controller)
+    static.static, static.ragged = True, False
+    assert [[h["tokens"].tolist() for h in hyps] for hyps in decoded.hypotheses] == \
+        [[h["tokens"].tolist() for h in hyps] for hyps in static.decode(sample(models, bsz)).hypotheses]
 
 
 @pytest.mark.parametrize("bsz", [1, 5])

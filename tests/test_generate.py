@@ -276,6 +276,7 @@ def test_outputs_longer_than_the_first_cache_stay_lossless(probe, verifier, draf
         (["--beam", "5"], "--beam 5"),
         (["--spec-k", "-1"], "--spec-k: must be in [0, 25]"),
         (["--spec-k", "26"], "--spec-k: must be in [0, 25]"),
+        (["--spec-cuda-graphs"], "--spec-cuda-graphs: the verifier is on the cpu; CUDA graphs need it on a GPU"),
         (["--spec-controller", "cmasd", "--spec-k-min", "9", "--spec-k-max", "4"], "--spec-k-min"),
         (["--spec-controller", "cmasd", "--cmasd-alpha", "1.5"], "--cmasd-alpha"),
         (["--spec-acceptance", "cmasd", "--cmasd-gamma", "-1"], "--cmasd-gamma"),

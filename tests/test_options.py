@@ -4,7 +4,7 @@ recorded from the flat config before the parts declared their own; issue 45 adde
 shortlist, ragged verification and goodput's flags and goodput to --spec-controller's help,
 then --spec-draft-shortlist-counts, --goodput-correction and bf16 for
 --spec-drafter-quantize; --goodput-probe-every's help says how its period grows, and
---goodput-acceptance is new). In process, through the function fairseq builds a task's
+--goodput-acceptance is new; issue 46 added --spec-cuda-graphs). In process, through the function fairseq builds a task's
 flags with; no models: a second."""
 
 import argparse

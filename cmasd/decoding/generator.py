@@ -42,6 +42,7 @@ from cmasd.core.verifying import AcceptanceRule, Controller, Proposal, RowState
 from cmasd.errors import UsageError
 from cmasd.layers.prepared import encoder_of
 from cmasd.layers.cache import BlockScorer, VerifierCache
+from cmasd.layers.graphs import GraphedScorer, Graphs
 from cmasd.layers.transformer import has_encoder
 from cmasd.decoding.repeats import ban_repeated_ngrams
 from cmasd.decoding.sentences import joined, sentences
@@ -184,17 +185,20 @@ class SpeculativeGenerator:
     def __init__(
         self, model, drafter: Drafter, tgt_dict, controller: Controller, acceptance: AcceptanceRule, confidence,
         rules: LengthRules, kernels: str = "native", seed: int = 1, sampling: Optional[Sampling] = None,
-        per_sentence: bool = False, ragged: bool = True, static: bool = False,
+        per_sentence: bool = False, ragged: bool = True, static: bool = False, graphs: Optional[Graphs] = None,
     ):
         if acceptance.samples != (sampling is not None):
             raise ValueError("an acceptance rule that samples needs sampling options, and sampling options need one")
         self.model = model
         self.drafter = drafter
         self.kernels = kernels
-        self.scorer = BlockScorer(model.decoder, kernels)
+        # ``graphs``: the verify pass replayed from recorded graphs (``--spec-cuda-graphs``), on a
+        # static block (their shapes fixed)
+        self.scorer = BlockScorer(model.decoder, kernels) if graphs is None else GraphedScorer(model.decoder, kernels,
+                                                                                              graphs)
         # every row's block is the draft's horizon wide (no read of the widest row's), padded
-        self.static = static
-        self.ragged = ragged and not static  # a batch's verify pass scores only the positions its rows send
+        self.static = static or graphs is not None
+        self.ragged = ragged and not self.static  # a batch's verify pass scores only the positions its rows send
         self.encode = encoder_of(model.encoder, kernels) if has_encoder(model) else None  # None: a language model
         self.controller = controller
         self.acceptance = acceptance
@@ -473,9 +477,8 @@ class SpeculativeGenerator:
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
         sent = offsets[None, :] <= proposal.k[:, None] if self.ragged and bsz > 1 else None  # (B, width + 1)
         # the block reaches position longest - 1 + width: known on the host, not read
-        states, ragged = self.scorer.ragged_states(state.verifier, block, state.lengths - 1, sent, lower,
-                                                   end=state.longest + width)
-        logits = self.scorer.decoder.logits(states)  # (B, width + 1, V), or (N, V) for the positions sent
+        states, logits, ragged = self.scorer.scored(state.verifier, block, state.lengths - 1, sent, lower,
+                                                    end=state.longest + width)  # logits (B, width + 1, V) or (N, V)
         # fairseq's rules, each applied only where the host-side bounds of the lengths
         # say it can change something (the others would be no-ops); those of one position
         # before unpacking a ragged block (on the positions sent only)

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from cmasd.layers.prepared import encoder_of
 from cmasd.layers.cache import BlockScorer, VerifierCache
+from cmasd.layers.graphs import CudaGraphs, GraphedScorer, Graphs
 from cmasd.layers.transformer import has_encoder
 from cmasd.drafters.base import (
     Draft,
@@ -116,9 +117,11 @@ class AutoregressiveDrafter(ModelDrafter):
     keeps_fed_drafts = True
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
-                 shortlist: Optional[Shortlist] = None):
+                 shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None):
         self.model = model
-        self.scorer = BlockScorer(model.decoder, kernels)
+        # ``graphs``: its passes replayed from recorded graphs (``--spec-cuda-graphs``)
+        self.scorer = BlockScorer(model.decoder, kernels) if graphs is None else GraphedScorer(model.decoder, kernels,
+                                                                                              graphs)
         self.shortlist = None  # the full vocabulary
         if shortlist is not None:  # the scorer's logits are then (..., N) over the shortlist
             self.shortlist = shortlist.to(model.decoder.output_projection.weight.device)
@@ -142,7 +145,8 @@ class AutoregressiveDrafter(ModelDrafter):
                                 if has_encoder(verifier) else
                                 "an encoder-decoder model cannot draft for a language model (no source to encode)"))
         return cls(model, cfg.spec_drafter_quantize if cfg.spec_drafter_quantize in ("int8", "bf16") else kernels,
-                   has_encoder(model) and same_encoder(model, verifier), shortlist_of(verifier.decoder.dictionary, cfg))
+                   has_encoder(model) and same_encoder(model, verifier), shortlist_of(verifier.decoder.dictionary, cfg),
+                   CudaGraphs() if cfg.spec_cuda_graphs else None)
 
     @torch.no_grad()
     def start(self, source: Source, capacity: int) -> ARDrafterState:

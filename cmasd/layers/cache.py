@@ -155,6 +155,14 @@ class BlockScorer:
             x = ragged.pack(x)
         return self.run(cache, x, start, first, ragged=ragged, end=end), ragged
 
+    def scored(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor] = None,
+               lower: Optional[LowerLayers] = None,
+               end: Optional[int] = None) -> Tuple[Tensor, Tensor, Optional[Ragged]]:
+        """``ragged_states`` and the logits of its states, (B, n, V) or packed (N, V): the
+        verify pass (a ``cmasd.layers.graphs.GraphedScorer`` replays both together)."""
+        states, ragged = self.ragged_states(cache, tokens, start, valid, lower, end)
+        return states, self.decoder.logits(states), ragged
+
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
         """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""
         return self.decoder.embed_from(tokens, start, self.padding_idx + 1, self.last_position)

@@ -456,19 +456,27 @@ def sampling_note(args, scored: bool = True) -> List[str]:
 def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device) -> Tuple[List[BenchConfig], List[str]]:
     """The configurations that can run here, and a message for each one skipped: the
     ct2 rows where CTranslate2 is not installed, or where the decoders run on a GPU
-    (the rows measure CTranslate2 on CPU)."""
+    (the rows measure CTranslate2 on CPU); the rows replaying CUDA graphs
+    (``spec_cuda_graphs``) where the decoders run on a CPU."""
     from cmasd.tools.bench.ct2 import INSTALL_HINT, ctranslate2_version
 
+    reasons = {}
     if device.type != "cpu":
-        reason = f"the CTranslate2 rows run on CPU only, the decoders here on {device} (add --cpu to measure them)"
+        reasons[CTRANSLATE2] = (f"the CTranslate2 rows run on CPU only, the decoders here on {device} (add --cpu to "
+                                "measure them)")
     elif ctranslate2_version() is None:
-        reason = f"CTranslate2 is not installed ({INSTALL_HINT})"
-    else:
-        return list(configs), []
-    skipped = [f"{c.name}: skipped, {reason}" for c in configs if c.kind == CTRANSLATE2]
+        reasons[CTRANSLATE2] = f"CTranslate2 is not installed ({INSTALL_HINT})"
+    if device.type != "cuda":
+        reasons["graphs"] = f"CUDA graphs need a GPU, the decoders here run on {device}"
+
+    def why(config: BenchConfig) -> Optional[str]:
+        graphs = config.speculative and config.overrides.get("spec_cuda_graphs", False)
+        return reasons.get("graphs" if graphs else config.kind)
+
+    skipped = [f"{c.name}: skipped, {why(c)}" for c in configs if why(c) is not None]
     for message in skipped:
         logger.warning(message)
-    return [c for c in configs if c.kind != CTRANSLATE2], skipped
+    return [c for c in configs if why(c) is None], skipped
 
 
 def default_configs(args, verifier) -> str:

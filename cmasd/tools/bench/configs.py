@@ -96,6 +96,7 @@ AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 SHORTLIST = {"spec_draft_shortlist": 2000}
 INT8 = {"spec_drafter_quantize": "int8"}
 STATIC = {"spec_verify": "static"}  # every row's block the draft's horizon wide: one host read an iteration
+GRAPHS = {"spec_cuda_graphs": True}  # the verify and draft-model passes replayed from CUDA graphs (GPU only)
 # The cost-aware controller: per row the k in 0 .. 8 that maximises expected accepted tokens per
 # second from this machine's measured costs (cmasd.verification.goodput), exact acceptance.
 GOODPUT = {"spec_controller": "goodput", "spec_k_max": 8, **EXACT}
@@ -241,6 +242,12 @@ CONFIGS: Dict[str, BenchConfig] = {
                     "lossless)", AR, {"spec_k": 4}, EXACT, STATIC, drafter="ar"),
         speculative("specdec-k5-exact-static", "specdec-k5-exact with a static block (--spec-verify static; "
                     "lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT, STATIC),
+        speculative("ar-g4-exact-graphs", "ar-g4-exact with its verify and draft-model passes replayed from CUDA "
+                    "graphs (--spec-cuda-graphs, on a static block; GPU only; lossless)", AR, {"spec_k": 4}, EXACT,
+                    STATIC, GRAPHS, drafter="ar"),
+        speculative("specdec-k5-exact-graphs", "specdec-k5-exact with its verify pass replayed from CUDA graphs "
+                    "(--spec-cuda-graphs; GPU only; lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5},
+                    EXACT, STATIC, GRAPHS),
         speculative("history-k8-exact", "history drafts alone (--spec-history-ngram 3, no model drafter), up to 8 "
                     "tokens, exact acceptance (lossless)", LOOKUPS_ALONE, HISTORY, EXACT, drafter=NO_DRAFTER),
         speculative("source-k8-exact", "source drafts alone (--spec-source-ngram 2, no model drafter), up to 8 "

@@ -1,0 +1,294 @@
+"""Block scoring replayed from CUDA graphs (``--spec-cuda-graphs``, issue 46).
+
+At batch 1 a GPU iteration is launch-bound: a 6-layer decoder's verify pass is some 150
+kernel launches of a few microseconds of arithmetic each. A CUDA graph records the pass
+once and replays it as one launch. A graph replays fixed shapes at fixed addresses, and
+``BlockScorer``'s passes have neither: the cache is made anew for every batch and copied
+when rows finish, the attention spans the used positions (``end``, a host integer that
+changes every iteration), and the encoder keys are as long as the batch's source. Here:
+
+* **An arena** (``Arena``): every layer's cache, encoder keys and values and encoder mask
+  live in buffers that outlive batches, as many rows as the largest batch seen (a power
+  of two), as many positions as its longest target, and a source length rounded up to a
+  power of two. A batch's cache (``ArenaCache``) is views of their first rows; finished
+  rows leave by moving the kept rows to the front in place (the copy ``select`` made
+  anyway); a cache that grows widens the arena, which keeps its width for later batches. The encoder's padding and the positions past a source are masked (-inf), so
+  a pass attends to exactly what the eager pass does.
+* **Fixed shapes.** A pass attends over the arena's whole capacity, causally masked by
+  each row's positions (a device tensor), not over ``end``; its rows are rounded up to a
+  power of two (the extra rows score padding at position 0 of rows nobody reads: they
+  hold finite values). A graph is recorded for each (rows, width) on first use: with
+  ``--spec-verify static`` (which the option implies) the width is the draft's horizon
+  but at the end of a target or where a controller budgets.
+* **Static inputs and outputs.** Each graph owns its tokens, positions, states and
+  logits; a call copies its block in, replays, and returns copies of the outputs.
+
+Everything else stays eager: a ragged layout, a self-speculative drafter's ``lower``
+layers, the C++ layers (CPU only). The arithmetic is the eager pass's over more masked
+positions: equal to float tolerance, not bit for bit (a softmax over more terms, most of
+them zero, may round its sum differently), as the ragged and padded layouts are.
+
+``Graphs`` is how a pass is recorded: ``CudaGraphs`` (``torch.cuda.CUDAGraph``, a warm-up
+run on a side stream first) on a GPU; ``EagerGraphs`` replays by running the pass again
+into the same output tensors, so that the CPU's tests check everything here but the
+recording itself.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from cmasd.core.drafting import LowerLayers
+from cmasd.layers.cache import BlockScorer, VerifierCache, widened
+from cmasd.layers.transformer import Ragged
+
+Pass = Callable[[], Tuple[Tensor, Tensor]]  # a recorded pass: its states (P, n, C) and logits (P, n, V)
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """The least power of two, at least ``least``, that is >= n."""
+    size = least
+    while size < n:
+        size *= 2
+    return size
+
+
+class Graphs:
+    """How a pass is recorded and replayed."""
+
+    def record(self, run: Pass) -> Callable[[], None]:
+        """Record ``run`` (its inputs already in place: the recording may run it) and return
+        what replays it; ``run``'s outputs are where a replay leaves its results."""
+        raise NotImplementedError
+
+
+class CudaGraphs(Graphs):
+    """``torch.cuda.CUDAGraph``: warm-up runs on a side stream (cuBLAS's handles and
+    workspaces are made outside the recording), then the recording on that stream. A
+    warm-up writes the block's keys and values where the replay writes the same ones."""
+
+    warmups = 2
+
+    def __init__(self):
+        self.stream: Optional[torch.cuda.Stream] = None  # made on first use (a GPU's, once there is one)
+
+    def record(self, run: Pass) -> Callable[[], None]:
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        stream = self.stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(self.warmups):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            outputs = run()
+        return Recorded(graph.replay, outputs)
+
+
+class EagerGraphs(Graphs):
+    """A stand-in without a GPU: a replay runs the pass and copies its results into the
+    first run's output tensors, where a CUDA graph would leave them."""
+
+    def record(self, run: Pass) -> Callable[[], None]:
+        outputs = run()
+
+        def replay() -> None:
+            for old, new in zip(outputs, run()):
+                old.copy_(new)
+
+        return Recorded(replay, outputs)
+
+
+@dataclass
+class Recorded:
+    replay: Callable[[], None]
+    outputs: Tuple[Tensor, Tensor]  # states (P, n, C), logits (P, n, V): where a replay leaves them
+
+    def __call__(self) -> None:
+        self.replay()
+
+
+@dataclass
+class Recording:
+    """One recorded pass over ``rows`` x ``width`` positions: its static inputs, and its
+    replay once recorded."""
+
+    tokens: Tensor  # (P, n) long
+    start: Tensor  # (P,) long
+    replay: Optional[Recorded] = None
+
+
+class Arena:
+    """Buffers of the verifier's caches that outlive batches: per layer keys and values
+    (R, 2H, capacity, d), encoder keys and values (R, H, S, d) and the encoder mask
+    (R, 1, 1, S), 0 / -inf (None without an encoder). Its recordings read these addresses,
+    so a larger batch, target or source makes a new arena (and drops them)."""
+
+    def __init__(self, heads: int, head_dim: int, layers: int, rows: int, capacity: int, source: Optional[int],
+                 like: Tensor):
+        self.rows, self.capacity, self.source = rows, capacity, source
+        self.kv = [like.new_zeros(rows, 2 * heads, capacity, head_dim) for _ in range(layers)]
+        width = source or 0
+        self.cross = [(like.new_zeros(rows, heads, width, head_dim), like.new_zeros(rows, heads, width, head_dim))
+                      for _ in range(layers)]
+        self.cross_bias = None if source is None else like.new_zeros(rows, 1, 1, width)
+        self.recordings: Dict[Tuple[int, int], Recording] = {}
+
+    def holds(self, rows: int, capacity: int, source: Optional[int]) -> bool:
+        """Whether a batch of these sizes fits (an encoder's source, or none)."""
+        if (source is None) != (self.source is None):
+            return False
+        return rows <= self.rows and capacity <= self.capacity and (source is None or source <= self.source)
+
+    def widen(self, capacity: int) -> None:
+        """Room for ``capacity`` positions in every row, the positions held kept: new buffers,
+        so the recordings, which read the old ones, are dropped."""
+        self.recordings.clear()
+        self.kv = [widened(kv, capacity) for kv in self.kv]
+        self.capacity = capacity
+
+    def cache(self, rows: int) -> "ArenaCache":
+        """The first ``rows`` rows as a cache."""
+        return ArenaCache(
+            kv=[kv[:rows] for kv in self.kv],
+            cross=[(k[:rows], v[:rows]) for k, v in self.cross],
+            cross_bias=None if self.cross_bias is None else self.cross_bias[:rows],
+            arena=self,
+        )
+
+    def load(self, cross: List[Tuple[Tensor, Tensor]], cross_bias: Optional[Tensor], rows: int) -> "ArenaCache":
+        """A new batch of ``rows`` rows with these encoder keys and values (B, H, S, d) and
+        mask (B, 1, 1, S) or None: its cache, empty (positions are written before they are
+        attended to, and past a row's length masked)."""
+        if self.cross_bias is not None:
+            width = cross[0][0].size(2)
+            for (key, value), (k, v) in zip(self.cross, cross):
+                key[:rows, :, :width] = k
+                value[:rows, :, :width] = v
+            bias = self.cross_bias[:rows]  # (B, 1, 1, S_arena)
+            bias.fill_(float("-inf"))
+            if cross_bias is None:
+                bias[..., :width] = 0.0
+            else:
+                bias[..., :width] = cross_bias
+        return self.cache(rows)
+
+
+@dataclass(frozen=True)
+class ArenaCache(VerifierCache):
+    """A ``VerifierCache`` made of an ``Arena``'s first rows (``GraphedScorer``)."""
+
+    arena: Arena = field(default=None, repr=False)
+
+    def grow(self, capacity: int) -> "ArenaCache":
+        """This cache with room for ``capacity`` positions: past the arena's, the arena widened
+        (its recordings dropped; it keeps the width for the batches after)."""
+        if capacity <= self.capacity:
+            return self
+        self.arena.widen(capacity)
+        return self.arena.cache(self.kv[0].size(0))
+
+    def select(self, rows: Tensor) -> "ArenaCache":
+        """The rows ``rows`` moved to the front of the arena, in place."""
+        kept = rows.numel()
+        arena = self.arena
+        for buffer in arena.kv:
+            buffer[:kept] = buffer.index_select(0, rows)
+        for key, value in arena.cross:
+            key[:kept] = key.index_select(0, rows)
+            value[:kept] = value.index_select(0, rows)
+        if arena.cross_bias is not None:
+            arena.cross_bias[:kept] = arena.cross_bias.index_select(0, rows)
+        return arena.cache(kept)
+
+
+class GraphedScorer(BlockScorer):
+    """A ``BlockScorer`` whose plain passes (a whole block from the first layer, its cache
+    an arena's) replay recorded graphs; see the module's docstring."""
+
+    def __init__(self, decoder, kernels: str = "native", graphs: Optional[Graphs] = None):
+        super().__init__(decoder, kernels)
+        self.graphs = graphs or CudaGraphs()
+        self.arena: Optional[Arena] = None
+        self.counts = {"recorded": 0, "replayed": 0}  # passes recorded, and replayed (the first included)
+
+    def start(self, encoder_out: Optional[dict], capacity: int, rows: Optional[int] = None,
+              padded: Optional[bool] = None) -> VerifierCache:
+        plain = super().start(encoder_out, 0, rows, padded)  # the encoder keys and mask; no cache
+        bsz = plain.kv[0].size(0)
+        source = None if encoder_out is None else plain.cross[0][0].size(2)
+        arena = self.arena
+        if arena is None or not arena.holds(bsz, capacity, source):
+            sizes = (bucket(bsz), capacity, None if source is None else bucket(source, 16))
+            if arena is not None:  # every size at least the old arena's: few new arenas
+                sizes = (max(sizes[0], arena.rows), max(capacity, arena.capacity),
+                         None if source is None else max(sizes[2], arena.source))
+            self.arena = arena = None  # the old arena's buffers and recordings go first
+            dec = self.decoder
+            self.arena = arena = Arena(dec.heads, dec.head_dim, len(dec.layers), *sizes, like=plain.kv[0])
+        return arena.load(plain.cross, plain.cross_bias, bsz)
+
+    def ragged_states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor],
+                      lower: Optional[LowerLayers] = None,
+                      end: Optional[int] = None) -> Tuple[Tensor, Optional[Ragged]]:
+        if not self.replays(cache, valid, lower):
+            return super().ragged_states(cache, tokens, start, valid, lower, end)
+        return self.replayed(cache, tokens, start, end)[0], None
+
+    def scored(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor] = None,
+               lower: Optional[LowerLayers] = None,
+               end: Optional[int] = None) -> Tuple[Tensor, Tensor, Optional[Ragged]]:
+        if not self.replays(cache, valid, lower):
+            return super().scored(cache, tokens, start, valid, lower, end)
+        return (*self.replayed(cache, tokens, start, end), None)
+
+    def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None,
+              end: Optional[int] = None) -> Tensor:
+        if not self.replays(cache, None, lower):
+            return super().score(cache, tokens, start, lower, end)
+        return self.replayed(cache, tokens, start, end)[1]
+
+    def replays(self, cache: VerifierCache, valid: Optional[Tensor], lower: Optional[LowerLayers]) -> bool:
+        """Whether a pass replays a recording: a whole block from the first layer on this
+        scorer's arena (else it runs eagerly)."""
+        return valid is None and lower is None and isinstance(cache, ArenaCache) and cache.arena is self.arena
+
+    def replayed(self, cache: "ArenaCache", tokens: Tensor, start: Tensor,
+                 end: Optional[int]) -> Tuple[Tensor, Tensor]:
+        """``states`` and ``score`` of tokens (B, n) at positions ``start`` (B,) onwards, from
+        the recording of (B rounded up, n), recorded first where there is none: (B, n, C),
+        (B, n, V). ``end``: as ``run`` takes it, checked where given (not read)."""
+        arena, (bsz, width) = cache.arena, tokens.shape
+        if end is not None and end > arena.capacity:
+            raise ValueError(f"block reaches position {end - 1}, past the cache's capacity {arena.capacity} (grow it)")
+        rows = bucket(bsz)
+        recording = arena.recordings.get((rows, width))
+        if recording is None:
+            recording = Recording(tokens.new_full((rows, width), self.padding_idx), start.new_zeros(rows))
+            arena.recordings[rows, width] = recording
+        recording.tokens[:bsz] = tokens  # (B, n); rows past B keep padding at position 0
+        recording.start[:bsz] = start
+        if recording.replay is None:
+            recording.replay = self.graphs.record(self.recorded_pass(arena, recording))
+            self.counts["recorded"] += 1
+        recording.replay()
+        self.counts["replayed"] += 1
+        states, logits = recording.replay.outputs  # (P, n, C), (P, n, V)
+        return states[:bsz].clone(), logits[:bsz].clone()
+
+    def recorded_pass(self, arena: Arena, recording: Recording) -> Pass:
+        """The pass a recording replays: every layer and the output head over its rows of
+        the arena, attending over the whole capacity (masked by each row's positions)."""
+        rows = recording.tokens.size(0)
+        cache = arena.cache(rows)
+
+        def run() -> Tuple[Tensor, Tensor]:
+            x = self.embed(recording.tokens, recording.start)  # (P, n, C)
+            states = self.run(cache, x, recording.start, end=arena.capacity)  # (P, n, C)
+            return states, self.decoder.logits(states)  # (P, n, V)
+
+        return run
