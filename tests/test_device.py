@@ -315,6 +315,8 @@ def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=Fals
         g.scorer = GraphedScorer(models["verifier"].decoder, "native", graphs)
         if isinstance(g.drafter, AutoregressiveDrafter):
             g.drafter.scorer = GraphedScorer(models["ar"].decoder, "native", graphs)
+        if isinstance(g.drafter, SpecDrafter):
+            g.drafter.graphs = graphs
     decoded = recorded_decode(g, sample(models, bsz), monkeypatch)
     assert not decoded.strays, f"tensors made without the model's device: {Counter(decoded.strays)}"
     assert len(decoded.hypotheses) == bsz and len(decoded.inside) > 1

@@ -5,9 +5,10 @@ caches live in across batches, rows leaving by moving to its front, the encoder 
 past each source, the attention over the whole capacity, rows rounded up to a power of two,
 the static inputs and the copies of the outputs. Lossless against the verifier decoding
 alone through the same loop, at batch 1, 7 and 16, on every kernel, with the draft model
-(its passes graphed too, its rows sending 0 to 3 drafts), the Spec-Drafter and SpecBound
-(whose verify pass starts above the layers it drafted with: eager). That a recorded pass
-reads nothing from the host, which CUDA's recording requires, is checked in
+(its passes graphed too, its rows sending 0 to 3 drafts), the Spec-Drafter (its pass graphed
+too, over its own arena) and SpecBound (whose verify pass starts above the layers it drafted
+with: eager); and drafting what the eager passes draft, token for token. That a
+recorded pass reads nothing from the host, which CUDA's recording requires, is checked in
 ``tests/test_device.py``."""
 
 import pytest
@@ -44,6 +45,8 @@ def generator(m, drafter, controller, kernels, graphs=None):
 
 def decode(g, batch):
     src, src_lengths = batch
+    g.drafts = []  # every iteration's rows and drafts
+    g.observer = lambda record: g.drafts.append((record.ids.tolist(), record.tokens.tolist()))
     out, stats = g.decode({"id": torch.arange(src.size(0)), "net_input": {"src_tokens": src, "src_lengths": src_lengths}})
     g.iterations = stats.batch_iterations
     return [h[0]["tokens"].tolist() for h in out]
@@ -53,18 +56,24 @@ def alone(m, kernels, batch):
     return decode(generator(m, AutoregressiveDrafter(m["verifier"], kernels, True), Fixed(0, None), kernels), batch)
 
 
-def graphed_generator(m, kind, kernels):
-    """A generator whose verify pass replays recordings; the draft model's passes too."""
+def graphed_generator(m, kind, kernels, graphs=True):
+    """A generator whose verify pass replays recordings, and the model drafters' passes
+    (``graphs`` False: the same on a static block, eager)."""
     pad = m["dictionary"].pad()
+    replays = EagerGraphs() if graphs else None
     if kind == "draft-model":
-        drafter, controller = AutoregressiveDrafter(m["ar"], kernels, True, graphs=EagerGraphs()), Staggered()
+        drafter, controller = AutoregressiveDrafter(m["ar"], kernels, True, graphs=replays), Staggered()
     elif kind == "spec":
-        drafter, controller = SpecDrafter(m["spec"], kernels), Fixed(4, None)
+        drafter, controller = SpecDrafter(m["spec"], kernels, graphs=replays), Fixed(4, None)
     else:
         drafter = EarlyExitDrafter(VerifierHeads(), len(m["verifier"].decoder.layers), pad, alpha=0.0, tau=0.05,
                                    d_max=1, w_max=3)
         controller = Fixed(3, None)
-    return generator(m, drafter, controller, kernels, EagerGraphs())
+    if graphs:
+        return generator(m, drafter, controller, kernels, EagerGraphs())
+    g = generator(m, drafter, controller, kernels)
+    g.static, g.ragged = True, False
+    return g
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
@@ -75,6 +84,9 @@ def test_graphed_passes_are_lossless(models, kernels, bsz, kind):
     g = graphed_generator(models, kind, kernels)
     assert g.static and not g.ragged and isinstance(g.scorer, GraphedScorer)
     assert decode(g, batch) == alone(models, kernels, batch)
+    eager = graphed_generator(models, kind, kernels, graphs=False)
+    decode(eager, batch)
+    assert g.drafts == eager.drafts and any(any(row) for _, drafts in g.drafts for row in drafts)
     counts = g.scorer.counts
     if kind == "specbound":  # every verify pass starts above the drafted layers: eager
         assert counts["replayed"] == 0
@@ -83,8 +95,8 @@ def test_graphed_passes_are_lossless(models, kernels, bsz, kind):
     assert counts["replayed"] == g.iterations and 0 < len(g.scorer.arena.recordings) <= counts["recorded"]
     # rows rounded up to a power of two, at most the arena's
     assert all(rows == bucket(rows) <= g.scorer.arena.rows == bucket(bsz) for rows, _ in g.scorer.arena.recordings)
-    if kind == "draft-model":
-        assert g.drafter.scorer.counts["replayed"] > 0
+    drafted = g.drafter.scorer.counts if kind == "draft-model" else g.drafter.counts
+    assert drafted["replayed"] > 0
 
 
 def test_the_arena_outlives_batches_and_grows_for_a_larger_one(models):
@@ -115,7 +127,8 @@ def test_rows_leave_by_moving_the_kept_ones_to_the_front():
         arena.kv[layer].copy_(torch.arange(4.0).view(4, 1, 1, 1).expand(4, 2, 3, 2) + 10 * layer)
         for t in arena.cross[layer]:
             t.copy_(torch.arange(4.0).view(4, 1, 1, 1).expand_as(t))
-    cache = arena.load([(arena.cross[0][0][:4, :, :2].clone(),) * 2] * 2, None, 4)
+    arena.load([(arena.cross[0][0][:4, :, :2].clone(),) * 2] * 2, None, 4)
+    cache = arena.cache(4)
     assert cache.cross_bias[0, 0, 0].tolist() == [0.0, 0.0] + [float("-inf")] * 3  # past the source: masked
     kept = cache.select(torch.tensor([1, 3]))
     assert isinstance(kept, ArenaCache) and kept.kv[0].size(0) == 2

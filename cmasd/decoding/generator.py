@@ -192,10 +192,10 @@ class SpeculativeGenerator:
         self.model = model
         self.drafter = drafter
         self.kernels = kernels
-        # ``graphs``: the verify pass replayed from recorded graphs (``--spec-cuda-graphs``), on a
-        # static block (their shapes fixed)
-        self.scorer = BlockScorer(model.decoder, kernels) if graphs is None else GraphedScorer(model.decoder, kernels,
-                                                                                              graphs)
+        # ``graphs``: the verify pass replayed from recorded graphs (``--spec-cuda-graphs``; the block
+        # static, its shapes fixed; a wider prefill of prompts runs eagerly)
+        self.scorer = (BlockScorer(model.decoder, kernels) if graphs is None
+                       else GraphedScorer(model.decoder, kernels, graphs, widest=controller.horizon + 1))
         # every row's block is the draft's horizon wide (no read of the widest row's), padded
         self.static = static or graphs is not None
         self.ragged = ragged and not self.static  # a batch's verify pass scores only the positions its rows send

@@ -117,11 +117,13 @@ class AutoregressiveDrafter(ModelDrafter):
     keeps_fed_drafts = True
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
-                 shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None):
+                 shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None,
+                 widest: Optional[int] = None):
         self.model = model
-        # ``graphs``: its passes replayed from recorded graphs (``--spec-cuda-graphs``)
-        self.scorer = BlockScorer(model.decoder, kernels) if graphs is None else GraphedScorer(model.decoder, kernels,
-                                                                                              graphs)
+        # ``graphs``: its passes replayed from recorded graphs (``--spec-cuda-graphs``), those that
+        # feed at most ``widest`` tokens (None: all; wider: a batch's prompts, eager)
+        self.scorer = (BlockScorer(model.decoder, kernels) if graphs is None
+                       else GraphedScorer(model.decoder, kernels, graphs, widest))
         self.shortlist = None  # the full vocabulary
         if shortlist is not None:  # the scorer's logits are then (..., N) over the shortlist
             self.shortlist = shortlist.to(model.decoder.output_projection.weight.device)
@@ -146,7 +148,7 @@ class AutoregressiveDrafter(ModelDrafter):
                                 "an encoder-decoder model cannot draft for a language model (no source to encode)"))
         return cls(model, cfg.spec_drafter_quantize if cfg.spec_drafter_quantize in ("int8", "bf16") else kernels,
                    has_encoder(model) and same_encoder(model, verifier), shortlist_of(verifier.decoder.dictionary, cfg),
-                   CudaGraphs() if cfg.spec_cuda_graphs else None)
+                   CudaGraphs() if cfg.spec_cuda_graphs else None, horizon + 1)
 
     @torch.no_grad()
     def start(self, source: Source, capacity: int) -> ARDrafterState:

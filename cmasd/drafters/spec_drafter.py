@@ -24,6 +24,7 @@ from torch import Tensor
 
 from cmasd.layers.prepared import DecodingDecoder, additive_mask
 from cmasd.layers.cache import encoder_states, keep_rows, widened
+from cmasd.layers.graphs import Arena, CudaGraphs, Graphs, bucket
 from cmasd.drafters.base import Draft, DraftRequest, ModelDrafter, ModelDrafterOptions, Pending, Source, model_draft
 from cmasd.drafters.shortlist import Shortlist, narrow, shortlist_of
 from cmasd.errors import UsageError
@@ -71,6 +72,30 @@ class SpecDrafterCache:
         )
 
 
+@dataclass(frozen=True)
+class ArenaDrafterCache(SpecDrafterCache):
+    """A ``SpecDrafterCache`` made of an ``Arena``'s first rows (``--spec-cuda-graphs``):
+    rows leave by moving to its front, and growing widens it (``cmasd.layers.graphs``)."""
+
+    arena: Arena = dataclasses.field(default=None, repr=False)
+
+    def grow(self, capacity: int) -> "ArenaDrafterCache":
+        if capacity <= self.capacity:
+            return self
+        self.arena.widen(capacity + 1)  # the scratch slot last: the old one becomes a position, masked until written
+        return in_arena(self.arena, self.cached)
+
+    def select(self, rows: Tensor) -> "ArenaDrafterCache":
+        self.arena.to_front(rows)
+        return in_arena(self.arena, self.cached.index_select(0, rows))
+
+
+def in_arena(arena: Arena, cached: Tensor) -> ArenaDrafterCache:
+    """The cache of ``arena``'s first rows, as many as ``cached`` (B,) counts."""
+    kv, cross, cross_bias = arena.views(cached.size(0))
+    return ArenaDrafterCache(kv, cached, cross, cross_bias, arena)
+
+
 class SpecDrafter(ModelDrafter):
     """A Spec-Drafter prepared for decoding: its decoder's weights as a
     ``DecodingDecoder`` on ``kernels`` (native, packed, gemv, int8 or bf16), the learned mask vector
@@ -88,8 +113,11 @@ class SpecDrafter(ModelDrafter):
     checkpoint_help = "Spec-Drafter checkpoint (needed by the configurations that draft with it: most speculative ones)"
 
     def __init__(self, model: SpecDrafterModel, kernels: str = "native", block: Optional[int] = None,
-                 shortlist: Optional[Shortlist] = None):
+                 shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None):
         self.model = model
+        # ``graphs``: its passes replayed from recorded graphs, its cache in an arena kept across batches
+        self.graphs, self.arena = graphs, None
+        self.counts = {"recorded": 0, "replayed": 0}
         self.embedding = model.decoder  # embeddings, positions and the mask vector
         self.decoder = DecodingDecoder(model.decoder, kernels)
         self.shortlist = None  # the full vocabulary
@@ -118,7 +146,7 @@ class SpecDrafter(ModelDrafter):
                 f"controller can send .. the drafter's block), got {block}"
             )
         return cls(model, cfg.spec_drafter_quantize if cfg.spec_drafter_quantize in ("int8", "bf16") else kernels, block,
-                   shortlist_of(verifier.decoder.dictionary, cfg))
+                   shortlist_of(verifier.decoder.dictionary, cfg), CudaGraphs() if cfg.spec_cuda_graphs else None)
 
     def encode(self, src_tokens: Tensor, src_lengths: Tensor) -> Dict[str, List[Tensor]]:
         """The drafter's own encoder output (``uses_own_encoder``)."""
@@ -168,6 +196,11 @@ class SpecDrafter(ModelDrafter):
         states, real = encoder_states(encoder_out)  # (B, S, C), (B, S)
         cross, cross_bias = self.decoder.cross_keys(states, real, padded)
         dec = self.decoder
+        if self.graphs is not None:
+            bsz = states.size(0)
+            self.arena = Arena.fitting(self.arena, dec, bsz, max_len + 1, states.size(1), states)
+            self.arena.load(cross, cross_bias, bsz)
+            return in_arena(self.arena, torch.zeros(bsz, dtype=torch.long, device=states.device))
         shape = (states.size(0), 2 * dec.heads, max_len + 1, dec.head_dim)
         return SpecDrafterCache(
             kv=[states.new_zeros(shape) for _ in dec.layers],
@@ -220,6 +253,29 @@ class SpecDrafter(ModelDrafter):
         index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
         fresh = offsets[None, :] < grown[:, None]  # (B, N) real new tokens
         new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(~fresh, self.padding_idx)
+        # replayed (``--spec-cuda-graphs``), but for a first pass over prompts (each width a recording used once)
+        if isinstance(state, ArenaDrafterCache) and state.arena is self.arena and most_new <= block + 1:
+            arena = self.arena
+            (logits,) = arena.replayed(
+                self.graphs, (bucket(bsz), most_new, block, slots), (new_tokens, index, fresh, lengths),
+                lambda *inputs: self.recorded_pass(arena, inputs, block, slots), self.counts)
+        else:
+            logits = self.block_logits(state.kv, state.cross, state.cross_bias, new_tokens, index, fresh, lengths,
+                                       block, slots, longest)
+        return logits, dataclasses.replace(state, cached=lengths.clone())
+
+    def block_logits(self, kv: List[Tensor], cross: List[Tuple[Tensor, Tensor]], cross_bias: Optional[Tensor],
+                     new_tokens: Tensor, index: Tensor, fresh: Tensor, lengths: Tensor, block: int, slots: int,
+                     seen: int) -> Tensor:
+        """The pass of ``logits``: the new prefix tokens new_tokens (B, N) at sequence indices
+        ``index`` (B, N), the real ones ``fresh`` (B, N) (the others write the scratch slot),
+        then ``block`` slots after each row's ``lengths`` (B,) tokens, attending to cache
+        positions < ``seen`` (a row's beyond its own masked). Writes the new tokens' keys and
+        values into ``kv`` (per layer (B, 2H, capacity + 1, d)); returns the first ``slots``
+        slots' logits (B, slots, V or N)."""
+        bsz, most_new = new_tokens.shape
+        device = new_tokens.device
+        capacity = kv[0].size(2) - 1
         slot_index = lengths[:, None] + torch.arange(block, device=device)  # (B, K)
         embedding = self.embedding
         x = torch.cat(
@@ -229,18 +285,17 @@ class SpecDrafter(ModelDrafter):
             ],
             dim=1,
         )  # (B, N + K, C)
-
-        seen = torch.arange(longest, device=device)  # (Tc,) cache indices that may be visible
+        visible = torch.arange(seen, device=device)  # (Tc,) cache indices that may be visible
         top = torch.cat(
             [
-                seen[None, None, :] <= index[:, :, None],  # (B, N, Tc): causal over the prefix
+                visible[None, None, :] <= index[:, :, None],  # (B, N, Tc): causal over the prefix
                 fresh.new_zeros(bsz, most_new, block),  # (B, N, K): prefix never sees slots
             ],
             dim=2,
         )
         bottom = torch.cat(
             [
-                (seen[None, :] < lengths[:, None])[:, None, :].expand(bsz, block, longest),  # (B, K, Tc)
+                (visible[None, :] < lengths[:, None])[:, None, :].expand(bsz, block, seen),  # (B, K, Tc)
                 fresh.new_ones(bsz, block, block),  # (B, K, K): slots see every slot
             ],
             dim=2,
@@ -252,11 +307,17 @@ class SpecDrafter(ModelDrafter):
 
         def self_keys(layer: int, kv_new: Tensor):
             # kv_new: (B, 2H, N + K, d); the prefix part is appended to the cache
-            cache = state.kv[layer]  # (B, 2H, capacity + 1, d)
+            cache = kv[layer]  # (B, 2H, capacity + 1, d)
             cache.scatter_(2, where, kv_new[:, :, :most_new])
-            kv = torch.cat([cache[:, :, :longest], kv_new[:, :, most_new:]], dim=2)  # (B, 2H, Tc + K, d)
-            return kv[:, :heads], kv[:, heads:]
+            keys = torch.cat([cache[:, :, :seen], kv_new[:, :, most_new:]], dim=2)  # (B, 2H, Tc + K, d)
+            return keys[:, :heads], keys[:, heads:]
 
-        states = self.decoder.states(x, self_keys, bias, list(state.cross), state.cross_bias)  # (B, N + K, C)
-        logits = self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V or N)
-        return logits, dataclasses.replace(state, cached=lengths.clone())
+        states = self.decoder.states(x, self_keys, bias, list(cross), cross_bias)  # (B, N + K, C)
+        return self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V or N)
+
+    def recorded_pass(self, arena: Arena, inputs: Tuple[Tensor, ...], block: int, slots: int):
+        """The pass a recording replays over its static inputs (new tokens, their indices,
+        which are real, the rows' lengths; P rows): ``block_logits`` over the arena's first P
+        rows, attending over its whole capacity."""
+        kv, cross, cross_bias = arena.views(inputs[0].size(0))
+        return lambda: (self.block_logits(kv, cross, cross_bias, *inputs, block, slots, arena.capacity - 1),)

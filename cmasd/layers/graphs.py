@@ -106,7 +106,7 @@ class EagerGraphs(Graphs):
 @dataclass
 class Recorded:
     replay: Callable[[], None]
-    outputs: Tuple[Tensor, Tensor]  # states (P, n, C), logits (P, n, V): where a replay leaves them
+    outputs: Tuple[Tensor, ...]  # where a replay leaves its results, rows first
 
     def __call__(self) -> None:
         self.replay()
@@ -114,19 +114,18 @@ class Recorded:
 
 @dataclass
 class Recording:
-    """One recorded pass over ``rows`` x ``width`` positions: its static inputs, and its
-    replay once recorded."""
+    """One recorded pass: its static inputs (rows first), and its replay once recorded."""
 
-    tokens: Tensor  # (P, n) long
-    start: Tensor  # (P,) long
+    inputs: Tuple[Tensor, ...]
     replay: Optional[Recorded] = None
 
 
 class Arena:
-    """Buffers of the verifier's caches that outlive batches: per layer keys and values
+    """Buffers of a model's caches that outlive batches: per layer keys and values
     (R, 2H, capacity, d), encoder keys and values (R, H, S, d) and the encoder mask
-    (R, 1, 1, S), 0 / -inf (None without an encoder). Its recordings read these addresses,
-    so a larger batch, target or source makes a new arena (and drops them)."""
+    (R, 1, 1, S), 0 / -inf (None without an encoder). Its recordings read these addresses:
+    a larger batch or source makes a new arena (``fitting``), a longer target widens it
+    (``widen``); either drops them."""
 
     def __init__(self, heads: int, head_dim: int, layers: int, rows: int, capacity: int, source: Optional[int],
                  like: Tensor):
@@ -136,7 +135,23 @@ class Arena:
         self.cross = [(like.new_zeros(rows, heads, width, head_dim), like.new_zeros(rows, heads, width, head_dim))
                       for _ in range(layers)]
         self.cross_bias = None if source is None else like.new_zeros(rows, 1, 1, width)
-        self.recordings: Dict[Tuple[int, int], Recording] = {}
+        self.recordings: Dict[tuple, Recording] = {}
+
+    @classmethod
+    def fitting(cls, arena: Optional["Arena"], decoder, rows: int, capacity: int, source: Optional[int],
+                like: Tensor) -> "Arena":
+        """``arena`` where a batch of ``rows`` rows, ``capacity`` positions and a ``source``
+        this long (None: no encoder) fits it, else a new one, at least as large as the old in
+        every size (so that few are made) for ``decoder`` (a ``DecodingDecoder``)."""
+        if arena is not None and arena.holds(rows, capacity, source):
+            return arena
+        sizes = (bucket(rows), capacity, None if source is None else bucket(source, 16))
+        if arena is not None and (source is None) == (arena.source is None):
+            sizes = (max(sizes[0], arena.rows), max(capacity, arena.capacity),
+                     None if source is None else max(sizes[2], arena.source))
+        if arena is not None:  # the old buffers and recordings go before the new are made
+            arena.drop()
+        return cls(decoder.heads, decoder.head_dim, len(decoder.layers), *sizes, like=like)
 
     def holds(self, rows: int, capacity: int, source: Optional[int]) -> bool:
         """Whether a batch of these sizes fits (an encoder's source, or none)."""
@@ -144,38 +159,75 @@ class Arena:
             return False
         return rows <= self.rows and capacity <= self.capacity and (source is None or source <= self.source)
 
+    def drop(self) -> None:
+        """Free the buffers and recordings (the arena is not used again)."""
+        self.recordings.clear()
+        self.kv, self.cross, self.cross_bias = [], [], None
+
     def widen(self, capacity: int) -> None:
-        """Room for ``capacity`` positions in every row, the positions held kept: new buffers,
-        so the recordings, which read the old ones, are dropped."""
+        """Room for ``capacity`` positions in every row, the first ``self.capacity`` kept: new
+        buffers, so the recordings, which read the old ones, are dropped."""
         self.recordings.clear()
         self.kv = [widened(kv, capacity) for kv in self.kv]
         self.capacity = capacity
 
-    def cache(self, rows: int) -> "ArenaCache":
-        """The first ``rows`` rows as a cache."""
-        return ArenaCache(
-            kv=[kv[:rows] for kv in self.kv],
-            cross=[(k[:rows], v[:rows]) for k, v in self.cross],
-            cross_bias=None if self.cross_bias is None else self.cross_bias[:rows],
-            arena=self,
-        )
+    def views(self, rows: int) -> Tuple[List[Tensor], List[Tuple[Tensor, Tensor]], Optional[Tensor]]:
+        """The first ``rows`` rows: keys and values, encoder keys and values, encoder mask."""
+        return ([kv[:rows] for kv in self.kv], [(k[:rows], v[:rows]) for k, v in self.cross],
+                None if self.cross_bias is None else self.cross_bias[:rows])
 
-    def load(self, cross: List[Tuple[Tensor, Tensor]], cross_bias: Optional[Tensor], rows: int) -> "ArenaCache":
+    def cache(self, rows: int) -> "ArenaCache":
+        """The first ``rows`` rows as a verifier's cache."""
+        return ArenaCache(*self.views(rows), arena=self)
+
+    def load(self, cross: List[Tuple[Tensor, Tensor]], cross_bias: Optional[Tensor], rows: int) -> None:
         """A new batch of ``rows`` rows with these encoder keys and values (B, H, S, d) and
-        mask (B, 1, 1, S) or None: its cache, empty (positions are written before they are
-        attended to, and past a row's length masked)."""
+        mask (B, 1, 1, S) or None (the keys and values need no clearing: positions are
+        written before they are attended to, and past a row's length masked)."""
+        if self.cross_bias is None:
+            return
+        width = cross[0][0].size(2)
+        for (key, value), (k, v) in zip(self.cross, cross):
+            key[:rows, :, :width] = k
+            value[:rows, :, :width] = v
+        bias = self.cross_bias[:rows]  # (B, 1, 1, S_arena)
+        bias.fill_(float("-inf"))
+        if cross_bias is None:
+            bias[..., :width] = 0.0
+        else:
+            bias[..., :width] = cross_bias
+
+    def to_front(self, rows: Tensor) -> None:
+        """Move the rows ``rows`` (ascending indices) to the front, in place."""
+        kept = rows.numel()
+        for buffer in self.kv:
+            buffer[:kept] = buffer.index_select(0, rows)
+        for key, value in self.cross:
+            key[:kept] = key.index_select(0, rows)
+            value[:kept] = value.index_select(0, rows)
         if self.cross_bias is not None:
-            width = cross[0][0].size(2)
-            for (key, value), (k, v) in zip(self.cross, cross):
-                key[:rows, :, :width] = k
-                value[:rows, :, :width] = v
-            bias = self.cross_bias[:rows]  # (B, 1, 1, S_arena)
-            bias.fill_(float("-inf"))
-            if cross_bias is None:
-                bias[..., :width] = 0.0
-            else:
-                bias[..., :width] = cross_bias
-        return self.cache(rows)
+            self.cross_bias[:kept] = self.cross_bias.index_select(0, rows)
+
+    def replayed(self, graphs: Graphs, key: tuple, live: Tuple[Tensor, ...], make: Callable[..., Pass],
+                 counts: Dict[str, int]) -> Tuple[Tensor, ...]:
+        """The outputs of the recording ``key`` (its rows first: a power of two) run on the
+        inputs ``live`` (B, ...) each: copied into its static inputs (the rows past B keep
+        what they held, finite values of rows nobody reads), replayed (recorded first, by
+        ``graphs``, of the pass ``make(*static inputs)``, where there is none); returns copies
+        of the outputs' first B rows. ``counts``: "recorded" and "replayed", added to."""
+        bsz, rows = live[0].size(0), key[0]
+        recording = self.recordings.get(key)
+        if recording is None:
+            recording = Recording(tuple(t.new_zeros((rows, *t.shape[1:])) for t in live))
+            self.recordings[key] = recording
+        for static, value in zip(recording.inputs, live):
+            static[:bsz] = value
+        if recording.replay is None:
+            recording.replay = graphs.record(make(*recording.inputs))
+            counts["recorded"] += 1
+        recording.replay()
+        counts["replayed"] += 1
+        return tuple(out[:bsz].clone() for out in recording.replay.outputs)
 
 
 @dataclass(frozen=True)
@@ -194,25 +246,19 @@ class ArenaCache(VerifierCache):
 
     def select(self, rows: Tensor) -> "ArenaCache":
         """The rows ``rows`` moved to the front of the arena, in place."""
-        kept = rows.numel()
-        arena = self.arena
-        for buffer in arena.kv:
-            buffer[:kept] = buffer.index_select(0, rows)
-        for key, value in arena.cross:
-            key[:kept] = key.index_select(0, rows)
-            value[:kept] = value.index_select(0, rows)
-        if arena.cross_bias is not None:
-            arena.cross_bias[:kept] = arena.cross_bias.index_select(0, rows)
-        return arena.cache(kept)
+        self.arena.to_front(rows)
+        return self.arena.cache(rows.numel())
 
 
 class GraphedScorer(BlockScorer):
     """A ``BlockScorer`` whose plain passes (a whole block from the first layer, its cache
     an arena's) replay recorded graphs; see the module's docstring."""
 
-    def __init__(self, decoder, kernels: str = "native", graphs: Optional[Graphs] = None):
+    def __init__(self, decoder, kernels: str = "native", graphs: Optional[Graphs] = None, widest: Optional[int] = None):
         super().__init__(decoder, kernels)
         self.graphs = graphs or CudaGraphs()
+        # blocks wider run eagerly (None: none): a batch's prompts, each width a recording used once
+        self.widest = widest
         self.arena: Optional[Arena] = None
         self.counts = {"recorded": 0, "replayed": 0}  # passes recorded, and replayed (the first included)
 
@@ -221,74 +267,56 @@ class GraphedScorer(BlockScorer):
         plain = super().start(encoder_out, 0, rows, padded)  # the encoder keys and mask; no cache
         bsz = plain.kv[0].size(0)
         source = None if encoder_out is None else plain.cross[0][0].size(2)
-        arena = self.arena
-        if arena is None or not arena.holds(bsz, capacity, source):
-            sizes = (bucket(bsz), capacity, None if source is None else bucket(source, 16))
-            if arena is not None:  # every size at least the old arena's: few new arenas
-                sizes = (max(sizes[0], arena.rows), max(capacity, arena.capacity),
-                         None if source is None else max(sizes[2], arena.source))
-            self.arena = arena = None  # the old arena's buffers and recordings go first
-            dec = self.decoder
-            self.arena = arena = Arena(dec.heads, dec.head_dim, len(dec.layers), *sizes, like=plain.kv[0])
-        return arena.load(plain.cross, plain.cross_bias, bsz)
+        self.arena = Arena.fitting(self.arena, self.decoder, bsz, capacity, source, plain.kv[0])
+        self.arena.load(plain.cross, plain.cross_bias, bsz)
+        return self.arena.cache(bsz)
 
     def ragged_states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor],
                       lower: Optional[LowerLayers] = None,
                       end: Optional[int] = None) -> Tuple[Tensor, Optional[Ragged]]:
-        if not self.replays(cache, valid, lower):
+        if not self.replays(cache, tokens, valid, lower):
             return super().ragged_states(cache, tokens, start, valid, lower, end)
         return self.replayed(cache, tokens, start, end)[0], None
 
     def scored(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor] = None,
                lower: Optional[LowerLayers] = None,
                end: Optional[int] = None) -> Tuple[Tensor, Tensor, Optional[Ragged]]:
-        if not self.replays(cache, valid, lower):
+        if not self.replays(cache, tokens, valid, lower):
             return super().scored(cache, tokens, start, valid, lower, end)
         return (*self.replayed(cache, tokens, start, end), None)
 
     def score(self, cache: VerifierCache, tokens: Tensor, start: Tensor, lower: Optional[LowerLayers] = None,
               end: Optional[int] = None) -> Tensor:
-        if not self.replays(cache, None, lower):
+        if not self.replays(cache, tokens, None, lower):
             return super().score(cache, tokens, start, lower, end)
         return self.replayed(cache, tokens, start, end)[1]
 
-    def replays(self, cache: VerifierCache, valid: Optional[Tensor], lower: Optional[LowerLayers]) -> bool:
-        """Whether a pass replays a recording: a whole block from the first layer on this
-        scorer's arena (else it runs eagerly)."""
-        return valid is None and lower is None and isinstance(cache, ArenaCache) and cache.arena is self.arena
+    def replays(self, cache: VerifierCache, tokens: Tensor, valid: Optional[Tensor],
+                lower: Optional[LowerLayers]) -> bool:
+        """Whether a pass over ``tokens`` (B, n) replays a recording: a whole block, at most
+        ``widest`` wide, from the first layer on this scorer's arena (else it runs eagerly)."""
+        return valid is None and lower is None and isinstance(cache, ArenaCache) and cache.arena is self.arena and (
+            self.widest is None or tokens.size(1) <= self.widest)
 
-    def replayed(self, cache: "ArenaCache", tokens: Tensor, start: Tensor,
-                 end: Optional[int]) -> Tuple[Tensor, Tensor]:
+    def replayed(self, cache: ArenaCache, tokens: Tensor, start: Tensor, end: Optional[int]) -> Tuple[Tensor, Tensor]:
         """``states`` and ``score`` of tokens (B, n) at positions ``start`` (B,) onwards, from
-        the recording of (B rounded up, n), recorded first where there is none: (B, n, C),
-        (B, n, V). ``end``: as ``run`` takes it, checked where given (not read)."""
-        arena, (bsz, width) = cache.arena, tokens.shape
+        the recording of (B rounded up to a power of two, n): (B, n, C), (B, n, V). ``end``:
+        as ``run`` takes it, checked where given (not read)."""
+        arena = cache.arena
         if end is not None and end > arena.capacity:
             raise ValueError(f"block reaches position {end - 1}, past the cache's capacity {arena.capacity} (grow it)")
-        rows = bucket(bsz)
-        recording = arena.recordings.get((rows, width))
-        if recording is None:
-            recording = Recording(tokens.new_full((rows, width), self.padding_idx), start.new_zeros(rows))
-            arena.recordings[rows, width] = recording
-        recording.tokens[:bsz] = tokens  # (B, n); rows past B keep padding at position 0
-        recording.start[:bsz] = start
-        if recording.replay is None:
-            recording.replay = self.graphs.record(self.recorded_pass(arena, recording))
-            self.counts["recorded"] += 1
-        recording.replay()
-        self.counts["replayed"] += 1
-        states, logits = recording.replay.outputs  # (P, n, C), (P, n, V)
-        return states[:bsz].clone(), logits[:bsz].clone()
+        key = (bucket(tokens.size(0)), tokens.size(1))
+        return arena.replayed(self.graphs, key, (tokens, start), lambda t, s: self.recorded_pass(arena, t, s),
+                              self.counts)
 
-    def recorded_pass(self, arena: Arena, recording: Recording) -> Pass:
-        """The pass a recording replays: every layer and the output head over its rows of
-        the arena, attending over the whole capacity (masked by each row's positions)."""
-        rows = recording.tokens.size(0)
-        cache = arena.cache(rows)
+    def recorded_pass(self, arena: Arena, tokens: Tensor, start: Tensor) -> Pass:
+        """The pass a recording replays, over its static inputs tokens (P, n) and start (P,):
+        every layer and the output head over the arena's first P rows, attending over the
+        whole capacity (masked by each row's positions)."""
+        cache = arena.cache(tokens.size(0))
 
         def run() -> Tuple[Tensor, Tensor]:
-            x = self.embed(recording.tokens, recording.start)  # (P, n, C)
-            states = self.run(cache, x, recording.start, end=arena.capacity)  # (P, n, C)
+            states = self.run(cache, self.embed(tokens, start), start, end=arena.capacity)  # (P, n, C)
             return states, self.decoder.logits(states)  # (P, n, V)
 
         return run
