@@ -11,6 +11,9 @@ with: eager); and drafting what the eager passes draft, token for token. That a
 recorded pass reads nothing from the host, which CUDA's recording requires, is checked in
 ``tests/test_device.py``."""
 
+import contextlib
+import logging
+
 import pytest
 import torch
 from helpers import draft_model, source_batch, tiny_drafter
@@ -21,7 +24,7 @@ from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads
 from cmasd.drafters.spec_drafter import SpecDrafter
 from cmasd.layers import extension
-from cmasd.layers.graphs import Arena, ArenaCache, EagerGraphs, GraphedScorer, bucket
+from cmasd.layers.graphs import Arena, ArenaCache, CudaGraphs, EagerGraphs, GraphedScorer, bucket
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
@@ -153,3 +156,43 @@ def test_a_replay_hands_back_copies(models):
     assert torch.equal(first, kept) and scorer.counts == {"recorded": 1, "replayed": 2}
     with pytest.raises(ValueError, match="past the cache's capacity"):
         scorer.score(cache, torch.tensor([[7]]), torch.tensor([1]), end=cache.capacity + 1)
+
+
+class FakeCuda:
+    """The parts of ``torch.cuda`` that ``CudaGraphs`` calls, on a CPU: streams that do
+    nothing, and a recording that fails as CUDA's does on a pass that reads the device."""
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class CUDAGraph:
+        def replay(self):
+            raise AssertionError("a failed recording is never replayed")
+
+    def __init__(self):
+        self.stream = lambda stream: contextlib.nullcontext()
+        self.current_stream = lambda: FakeCuda.Stream()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(graph, stream=None):
+        yield
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+
+def test_a_recording_that_fails_leaves_that_pass_eager(models, monkeypatch, caplog):
+    """On a GPU a recording fails where a pass waits for the device: the pass then runs
+    eagerly, logged, and decoding goes on (a prepared call keeps its other rows)."""
+    fake = FakeCuda()
+    for name in ("Stream", "CUDAGraph", "stream", "current_stream", "graph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    graphs = CudaGraphs()
+    m, kernels = models, "native"
+    batch = source_batch(m["dictionary"], torch.Generator().manual_seed(5), bsz=5, length=12)
+    g = generator(m, SpecDrafter(m["spec"], kernels, graphs=graphs), Fixed(4, None), kernels, graphs)
+    with caplog.at_level(logging.WARNING, logger="cmasd.layers.graphs"):
+        assert decode(g, batch) == alone(m, kernels, batch)
+    assert graphs.failures == g.scorer.counts["recorded"] + g.drafter.counts["recorded"] > 0
+    assert "recording a CUDA graph failed, this pass runs eagerly (1 so far): CUDA error: operation not permitted" \
+        in caplog.text

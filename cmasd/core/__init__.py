@@ -28,10 +28,10 @@ FLOORS = (
     ("cmasd.core",),  # the contracts and their records; sampling and per-sentence randomness
     ("cmasd.layers",),  # the Transformer layer's arithmetic (cmasd.layers.transformer)
     # above it in the same folder, the layer's decoding backends: the prepared decoder and
-    # encoder, their kernels, the C++ extension, the verifier's block scorer and cache; beside
-    # them the models fairseq-train trains
-    (("cmasd.layers.kernels", "cmasd.layers.extension", "cmasd.layers.prepared", "cmasd.layers.cache"),
-     "cmasd.models"),
+    # encoder, their kernels, the C++ extension, the verifier's block scorer and cache, the
+    # passes replayed from CUDA graphs; beside them the models fairseq-train trains
+    (("cmasd.layers.kernels", "cmasd.layers.extension", "cmasd.layers.prepared", "cmasd.layers.cache",
+      "cmasd.layers.graphs"), "cmasd.models"),
     ("cmasd.drafters", "cmasd.verification"),
     ("cmasd.decoding",),  # the loop: generator, statistics, fairseq's repeat ban
     ("cmasd.options",),

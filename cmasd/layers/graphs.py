@@ -34,6 +34,7 @@ into the same output tensors, so that the CPU's tests check everything here but 
 recording itself.
 """
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -44,7 +45,9 @@ from cmasd.core.drafting import LowerLayers
 from cmasd.layers.cache import BlockScorer, VerifierCache, widened
 from cmasd.layers.transformer import Ragged
 
-Pass = Callable[[], Tuple[Tensor, Tensor]]  # a recorded pass: its states (P, n, C) and logits (P, n, V)
+logger = logging.getLogger(__name__)
+
+Pass = Callable[[], Tuple[Tensor, ...]]  # a pass to record: its outputs, rows first (the verifier: states, logits)
 
 
 def bucket(n: int, least: int = 1) -> int:
@@ -67,12 +70,16 @@ class Graphs:
 class CudaGraphs(Graphs):
     """``torch.cuda.CUDAGraph``: warm-up runs on a side stream (cuBLAS's handles and
     workspaces are made outside the recording), then the recording on that stream. A
-    warm-up writes the block's keys and values where the replay writes the same ones."""
+    warm-up writes the block's keys and values where the replay writes the same ones.
+    A recording that fails (a pass that waits for the device, say) is logged and that pass
+    runs eagerly: a recording writes nothing, so the warm-ups left the caches as a pass
+    does, and a run cut short keeps its other passes."""
 
     warmups = 2
 
     def __init__(self):
         self.stream: Optional[torch.cuda.Stream] = None  # made on first use (a GPU's, once there is one)
+        self.failures = 0
 
     def record(self, run: Pass) -> Callable[[], None]:
         if self.stream is None:
@@ -84,8 +91,14 @@ class CudaGraphs(Graphs):
                 run()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            outputs = run()
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                outputs = run()
+        except RuntimeError as error:
+            self.failures += 1
+            logger.warning("recording a CUDA graph failed, this pass runs eagerly (%d so far): %s", self.failures,
+                           str(error).splitlines()[0] if str(error) else type(error).__name__)
+            return EagerGraphs().record(run)
         return Recorded(graph.replay, outputs)
 
 
