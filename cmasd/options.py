@@ -107,10 +107,11 @@ class LoopOptions:
     )
     spec_cuda_graphs: bool = field(
         default=False,
-        metadata={"help": "replay the verify pass, and the autoregressive draft model's passes, from CUDA graphs "
-                  "recorded on first use for each batch rows / block width (GPU only; implies --spec-verify "
-                  "static): one launch where a pass is otherwise a hundred, which bounds a GPU at small batches; the "
-                  "caches live in buffers kept across batches. Equal to the eager passes to float tolerance"},
+        metadata={"help": "replay the verify pass and the model drafters' passes (Spec-Drafter, draft model) from "
+                  "CUDA graphs recorded on first use for each batch rows / block width (GPU only; implies "
+                  "--spec-verify static): one launch where a pass is otherwise a hundred, which bounds a GPU at small "
+                  "batches; the caches live in buffers kept across batches. Equal to the eager passes to float "
+                  "tolerance"},
     )
 
 

@@ -1,37 +1,38 @@
-"""Block scoring replayed from CUDA graphs (``--spec-cuda-graphs``, issue 46).
+"""Passes replayed from CUDA graphs (``--spec-cuda-graphs``, issue 46).
 
 At batch 1 a GPU iteration is launch-bound: a 6-layer decoder's verify pass is some 150
-kernel launches of a few microseconds of arithmetic each. A CUDA graph records the pass
-once and replays it as one launch. A graph replays fixed shapes at fixed addresses, and
-``BlockScorer``'s passes have neither: the cache is made anew for every batch and copied
-when rows finish, the attention spans the used positions (``end``, a host integer that
-changes every iteration), and the encoder keys are as long as the batch's source. Here:
+kernel launches of a few microseconds of arithmetic each. A CUDA graph records a pass once
+and replays it as one launch, but it replays fixed shapes at fixed addresses, and the eager
+passes have neither: a cache is made anew for every batch and copied when rows finish, the
+attention spans the used positions (``end``, a host integer that changes every iteration),
+and the encoder keys are as long as the batch's source. Here:
 
-* **An arena** (``Arena``): every layer's cache, encoder keys and values and encoder mask
-  live in buffers that outlive batches, as many rows as the largest batch seen (a power
-  of two), as many positions as its longest target, and a source length rounded up to a
-  power of two. A batch's cache (``ArenaCache``) is views of their first rows; finished
-  rows leave by moving the kept rows to the front in place (the copy ``select`` made
-  anyway); a cache that grows widens the arena, which keeps its width for later batches. The encoder's padding and the positions past a source are masked (-inf), so
-  a pass attends to exactly what the eager pass does.
-* **Fixed shapes.** A pass attends over the arena's whole capacity, causally masked by
-  each row's positions (a device tensor), not over ``end``; its rows are rounded up to a
-  power of two (the extra rows score padding at position 0 of rows nobody reads: they
-  hold finite values). A graph is recorded for each (rows, width) on first use: with
-  ``--spec-verify static`` (which the option implies) the width is the draft's horizon
-  but at the end of a target or where a controller budgets.
-* **Static inputs and outputs.** Each graph owns its tokens, positions, states and
-  logits; a call copies its block in, replays, and returns copies of the outputs.
+* **An arena** (``Arena``): every layer's keys and values, encoder keys and values and
+  encoder mask live in buffers that outlive batches: as many rows as the largest batch
+  (a power of two), as many positions as its longest target, and a source length rounded
+  up to a power of two. A batch's cache is views of their first rows (``ArenaCache``, the
+  Spec-Drafter's ``ArenaDrafterCache``). Finished rows leave by moving the kept rows to the
+  front in place (the copy ``select`` made anyway); a cache that grows widens the arena,
+  which keeps its width for later batches. Positions past a source are masked (-inf).
+* **Fixed shapes.** A replayed pass attends over the arena's whole capacity, masked by each
+  row's positions (device tensors), not over ``end``. Its rows are rounded up to a power of
+  two: the extra rows compute on what they hold, finite values nobody reads. A pass is
+  recorded for each (rows, width) on first use (``Arena.replayed``): with ``--spec-verify
+  static``, which the option implies, the width is the draft's horizon but at the end of a
+  target or where a controller budgets. Wider blocks (a batch's prompts) run eagerly.
+* **Static inputs and outputs.** Each recording owns its inputs; a call copies its block
+  in, replays, and returns copies of the outputs (the next replay overwrites them).
 
-Everything else stays eager: a ragged layout, a self-speculative drafter's ``lower``
-layers, the C++ layers (CPU only). The arithmetic is the eager pass's over more masked
-positions: equal to float tolerance, not bit for bit (a softmax over more terms, most of
-them zero, may round its sum differently), as the ragged and padded layouts are.
+``GraphedScorer`` replays the verify pass and the draft model's passes this way, and
+``cmasd.drafters.spec_drafter`` the Spec-Drafter's. What stays eager: a ragged layout,
+a self-speculative drafter's verification (it starts above the layers it ran), the C++
+layers (CPU only). The arithmetic is the eager pass's over more masked positions: equal to
+float tolerance, not bit for bit (a softmax over more terms, the others zero, may round its
+sum differently), as the ragged and padded layouts are.
 
-``Graphs`` is how a pass is recorded: ``CudaGraphs`` (``torch.cuda.CUDAGraph``, a warm-up
-run on a side stream first) on a GPU; ``EagerGraphs`` replays by running the pass again
-into the same output tensors, so that the CPU's tests check everything here but the
-recording itself.
+``Graphs`` is how a pass is recorded: ``CudaGraphs`` (``torch.cuda.CUDAGraph``) on a GPU;
+``EagerGraphs`` replays by running the pass again into the same output tensors, so that the
+CPU's tests check everything here but the recording itself.
 """
 
 import logging
@@ -61,9 +62,9 @@ def bucket(n: int, least: int = 1) -> int:
 class Graphs:
     """How a pass is recorded and replayed."""
 
-    def record(self, run: Pass) -> Callable[[], None]:
+    def record(self, run: Pass) -> "Recorded":
         """Record ``run`` (its inputs already in place: the recording may run it) and return
-        what replays it; ``run``'s outputs are where a replay leaves its results."""
+        what replays it, with the outputs where a replay leaves its results."""
         raise NotImplementedError
 
 
@@ -81,7 +82,7 @@ class CudaGraphs(Graphs):
         self.stream: Optional[torch.cuda.Stream] = None  # made on first use (a GPU's, once there is one)
         self.failures = 0
 
-    def record(self, run: Pass) -> Callable[[], None]:
+    def record(self, run: Pass) -> "Recorded":
         if self.stream is None:
             self.stream = torch.cuda.Stream()
         stream = self.stream
@@ -106,7 +107,7 @@ class EagerGraphs(Graphs):
     """A stand-in without a GPU: a replay runs the pass and copies its results into the
     first run's output tensors, where a CUDA graph would leave them."""
 
-    def record(self, run: Pass) -> Callable[[], None]:
+    def record(self, run: Pass) -> "Recorded":
         outputs = run()
 
         def replay() -> None:
