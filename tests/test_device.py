@@ -311,7 +311,7 @@ def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=Fals
     sampling = Sampling(0.9) if ACCEPTANCE_RULES[rule].samples else None
     g = generator(models, drafter, rule, controller, sampling)
     g.static, g.ragged = static, g.ragged and not static
-    if graphs is not None:  # the verify pass, and a draft model's passes, replayed (``--spec-cuda-graphs``)
+    if graphs is not None:  # the verify pass and the model drafters' passes replayed (``--spec-cuda-graphs``)
         g.scorer = GraphedScorer(models["verifier"].decoder, "native", graphs)
         if isinstance(g.drafter, AutoregressiveDrafter):
             g.drafter.scorer = GraphedScorer(models["ar"].decoder, "native", graphs)
