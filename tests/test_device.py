@@ -416,6 +416,72 @@ def test_a_controller_that_plans_on_the_host_hears_the_counts_from_the_loops_rea
     assert all(sent.dtype == np.int64 and (kept <= sent).all() for sent, kept in heard)
 
 
+def idling_goodput(m, drafter: str):
+    """goodput on a table where drafting pays only above an acceptance of 0.95: its prior
+    (0.99) drafts, and the tiny draft model's acceptance (about 0.9) leaves it idle but
+    for its probes."""
+    widths = tuple(range(1, HORIZON + 2))
+    cfg = options(spec_controller="goodput", goodput_prior=0.99, goodput_probe_every=2, goodput_start="learned",
+                  goodput_correction="none")
+    g = generator(m, drafter, "exact", "goodput")
+    g.controller = CONTROLLERS["goodput"].from_config(cfg, None)
+    g.controller.use_costs(Costs((1, 8), widths,
+                                 tuple(tuple(1e-3 * rows * (1 + 0.95 * (w - 1)) for w in widths) for rows in (1, 8)),
+                                 tuple(tuple(1e-5 * k for k in range(HORIZON + 1)) for _ in (1, 8)), (1e-4, 1e-4),
+                                 ragged=True))
+    return g
+
+
+def test_iterations_said_to_idle_next_compute_no_drafter_shapes_and_read_once(models, monkeypatch):
+    """goodput idling but for its probes (a third batch, after two that taught it the
+    drafts' acceptance): after an iteration that ``idles_next`` says is followed by an
+    idle one, the drafter computes no ``shapes``; with a static block every iteration
+    still reads the host exactly once (never wrongly said idle), and it plans, drafts and
+    decodes what computing the shapes after every iteration does."""
+    shapes, drafts = Counter(), Counter()
+    original, draft = AutoregressiveDrafter.shapes, AutoregressiveDrafter.draft
+    monkeypatch.setattr(AutoregressiveDrafter, "shapes", lambda self, *a: shapes.update([id(self)]) or original(self, *a))
+    monkeypatch.setattr(AutoregressiveDrafter, "draft", lambda self, *a: drafts.update([id(self)]) or draft(self, *a))
+    skipping, always = idling_goodput(models, "autoregressive"), idling_goodput(models, "autoregressive")
+    always.drafter = AutoregressiveDrafter(models["ar"], "native", shares_encoder=True)
+    always.controller.idles_next = lambda state: False
+    for g in (skipping, always):
+        g.static, g.ragged = True, False
+        for _ in range(2):
+            g.decode(sample(models, 5))
+    shapes.clear(), drafts.clear()
+    expected = always.decode(sample(models, 5))
+    decoded = recorded_decode(skipping, sample(models, 5), monkeypatch)
+    assert all(len(reads) == 1 for reads in decoded.inside), [reads for reads in decoded.inside if len(reads) != 1]
+    assert hypotheses_of(decoded.hypotheses) == hypotheses_of(expected.hypotheses)
+    mine, theirs = id(skipping.drafter), id(always.drafter)
+    assert drafts[mine] == drafts[theirs] >= 1 and shapes[theirs] == expected.stats.batch_iterations + 1
+    assert shapes[mine] < len(decoded.inside) / 2, (shapes, drafts, len(decoded.inside))
+
+
+@pytest.mark.parametrize("drafter", ["spec", "autoregressive"])
+@pytest.mark.parametrize("bsz", [1, 5])
+def test_a_controller_wrongly_saying_idle_costs_a_read_not_a_token(models, drafter, bsz):
+    """A controller whose ``idles_next`` says idle every time, drafting all the same:
+    the drafter, given no shapes, reads its own, and the hypotheses stay those of the
+    honest controller's."""
+    honest = generator(models, drafter, "exact", "goodput")
+    wrong = generator(models, drafter, "exact", "goodput")
+    wrong.controller.idles_next = lambda state: True
+    given = []
+    draft = type(wrong.drafter).draft
+    wrong.drafter.draft = lambda state, tokens, lengths, request: (given.append(request.shapes)
+                                                                    or draft(wrong.drafter, state, tokens, lengths,
+                                                                             request))
+    got = wrong.decode(sample(models, bsz))
+    assert got.stats.drafted > 0 and len(given) > 1 and given[1:] == [None] * (len(given) - 1)
+    assert hypotheses_of(got.hypotheses) == hypotheses_of(honest.decode(sample(models, bsz)).hypotheses)
+
+
+def hypotheses_of(decoded) -> list:
+    return [[h["tokens"].tolist() for h in hyps] for hyps in decoded]
+
+
 def test_the_recorder_sees_what_it_must_refuse():
     """The recorder itself: a stray factory call, each kind of host read and the copies of
     host data to the device are seen."""

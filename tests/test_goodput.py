@@ -290,6 +290,51 @@ def test_measured_iterations_correct_the_table(monkeypatch):
     assert goodput.drafting(4) > 3.0 and (never_idle[-20:].max(axis=1) == 0).mean() >= 0.75
 
 
+@pytest.mark.parametrize("correction", ["none", "timing"])
+def test_an_iteration_said_to_idle_next_plans_nothing(correction, monkeypatch):
+    """``idles_next``, asked before each iteration's counts are heard (the loop then
+    computes none of the drafter's shapes), never says idle where the plan made from them
+    drafts: through probes, rows finishing, timing corrections completing and batches whose
+    drafts are accepted again; and it says so for most iterations that do idle."""
+    rng = np.random.default_rng(0)
+    goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=5, limit=None, costs=table(0.05, (1.0, 0.2)),
+                      correction=correction)
+    clock = FakeClock(goodput, drafting=1.5)
+    monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
+    said = idled = wrong = 0
+    for batch in range(36):
+        accepting = batch % 6 == 5  # now and then a batch whose drafts are accepted
+        state = goodput.start([1, 4, 7][batch % 3], torch.device("cpu"))
+        for i in range(40):
+            clock.state = state
+            idle = goodput.idles_next(state)
+            k = state.plan
+            kept = torch.tensor([int(rng.integers(0, n + 1)) if accepting else 0 for n in k.tolist()])
+            state = goodput.observe(state, k, kept)
+            said += idle
+            idled += not state.planned.any()
+            wrong += idle and bool(state.planned.any())
+            if i % 9 == 8 and len(state.planned) > 1:  # a row finishes
+                state = state.select(torch.tensor(sorted(rng.choice(len(state.planned), len(state.planned) - 1,
+                                                                    replace=False).tolist())))
+    assert wrong == 0
+    assert idled > 500 and said >= 0.6 * idled
+    # rows whose drafts are all accepted: once drafting was timed, rows idle to time the
+    # idle iterations, and draft again from the plan made when that timing completes
+    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=4, limit=None, costs=table(0.05, (1.0, 0.1)),
+                      correction=correction)
+    clock = FakeClock(goodput, drafting=1.0)
+    monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
+    state, resumed = goodput.start(4, torch.device("cpu")), 0
+    for _ in range(40):
+        clock.state = state
+        idle, drafted = goodput.idles_next(state), state.drafts
+        state = goodput.observe(state, state.plan, state.plan)
+        assert not (idle and state.planned.any())
+        resumed += not drafted and state.drafts
+    assert resumed == (correction == "timing")
+
+
 def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_halve(monkeypatch):
     costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
     goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=1000, limit=None, costs=costs)

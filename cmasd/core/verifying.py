@@ -183,3 +183,11 @@ class Controller(abc.ABC):
         """The most any row may send next (``budget``'s largest), known on the host (a
         controller that ``plans_on_host``)."""
         raise TypeError(f"{type(self).__name__} does not plan on the host")
+
+    def idles_next(self, state: RowState) -> bool:
+        """After an iteration, before its counts are read: whether the plan its ``observe``
+        makes certainly sends nothing from any row (the loop then computes none of the
+        drafter's ``shapes`` for the next iteration: an idle iteration runs no drafter).
+        False where not certain; a wrong True costs one host read (the drafter then reads
+        its shapes itself), never a wrong token."""
+        return False

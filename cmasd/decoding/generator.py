@@ -288,16 +288,17 @@ class SpeculativeGenerator:
         bsz = done.numel()
         bounds = torch.stack([torch.where(done, state.tokens.size(1), state.lengths).min(),
                               torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
-        ahead, budgets = self.ahead(state, ~done)
+        ahead, budgets = self.ahead(state, ~done, idle=self.controller.idles_next(state.controller))
         counts = [] if state.counts is None else list(state.counts)  # (B,) each
         host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds, ahead, *counts]).tolist()
         ended, rows, lengths, steps = (host[i * bsz : (i + 1) * bsz] for i in range(4))
         at = 4 * bsz + 2 + ahead.numel()
         bounds, ahead = host[4 * bsz : 4 * bsz + 2], host[4 * bsz + 2 : at]
+        heard = {}
         if counts:  # a controller that plans on the host hears the iteration, every row of it
-            sent, accepted = np.array(host[at : at + bsz]), np.array(host[at + bsz :])
-            state = replace(state, controller=self.controller.observe_read(state.controller, sent, accepted),
-                            counts=None)
+            read = np.array(host[at:])  # (2 B,)
+            heard = {"controller": self.controller.observe_read(state.controller, read[:bsz], read[bsz:]),
+                     "counts": None}
         kept = [row for row in range(bsz) if not ended[row]]
         for row in range(bsz):
             if ended[row]:
@@ -305,35 +306,42 @@ class SpeculativeGenerator:
         if not kept:  # the batch is done: nothing to keep (selecting every cache down to 0 rows cost a copy each)
             return replace(state, rows=state.rows[:0])
         if len(kept) < bsz:  # the rows that go on, in order (a stable sort: no copy from the host, which would wait)
-            state = state.select(torch.sort(done.long(), stable=True).indices[: len(kept)], kept)
-        return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **self.planned(state, ahead, budgets)))
+            state = replace(state, **heard) if heard else state
+            state, heard = state.select(torch.sort(done.long(), stable=True).indices[: len(kept)], kept), {}
+        controller = heard.get("controller", state.controller)
+        # (one ``replace`` for all: at batch 1 each costs a few microseconds of an iteration's 500 or so)
+        return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **heard,
+                                    **self.planned(controller, ahead, budgets)))
 
-    def ahead(self, state: DecodeState, going: Tensor) -> Tuple[Tensor, bool]:
+    def ahead(self, state: DecodeState, going: Tensor, idle: bool = False) -> Tuple[Tensor, bool]:
         """What the next iteration of the rows where ``going`` (B,) bool must know on the
         host, on the device (n,): the draft's horizon where the controller budgets (the
-        most any row may send), then the drafter's ``shapes``; and whether it budgets."""
+        most any row may send), then the drafter's ``shapes`` (none where the controller
+        says the next iteration is ``idle``: it runs no drafter); and whether it budgets."""
         # (a controller that plans on the host knows its budget there, after it hears the counts)
         budget = None if self.controller.plans_on_host else self.controller.budget(state.controller)  # (B,) or None
-        shapes = self.drafter.shapes(state.drafter, state.tokens, state.lengths, going)  # (n,) or None
+        shapes = None if idle else self.drafter.shapes(state.drafter, state.tokens, state.lengths, going)  # (n,) or None
         parts = [part for part in (None if budget is None else torch.where(going, budget, 0).max()[None], shapes)
                  if part is not None]
         return (torch.cat(parts) if parts else state.lengths.new_zeros(0)), budget is not None
 
-    def planned(self, state: DecodeState, ahead: List[int], budgets: bool) -> Dict[str, Any]:
-        """``ahead``'s numbers, read: the ``horizon`` and ``shapes`` of ``state`` (its rows
-        those that go on)."""
-        if len(ahead) != budgets + self.drafter.shape_reads:
+    def planned(self, controller: RowState, ahead: List[int], budgets: bool) -> Dict[str, Any]:
+        """``ahead``'s numbers, read: the ``horizon`` and ``shapes`` of the next iteration
+        (of the rows that go on, whose controller state is ``controller``)."""
+        if len(ahead) not in (budgets, budgets + self.drafter.shape_reads):
             raise RuntimeError(f"drafter {self.drafter.name} gave {len(ahead) - budgets} shapes to read, "
                                f"not its shape_reads ({self.drafter.shape_reads})")
         horizon = ahead[0] if budgets else None
         if self.controller.plans_on_host:
-            horizon = self.controller.host_budget(state.controller)
-        return {"horizon": horizon, "shapes": tuple(ahead[budgets:])}
+            horizon = self.controller.host_budget(controller)
+        # none where the next iteration was to idle (``idles_next``): a drafter called after all reads its own
+        shapes = tuple(ahead[budgets:]) if len(ahead) > budgets or not self.drafter.shape_reads else None
+        return {"horizon": horizon, "shapes": shapes}
 
     def read_ahead(self, state: DecodeState) -> DecodeState:
         """Before the first iteration: ``ahead`` over every row, read."""
         ahead, budgets = self.ahead(state, torch.ones_like(state.lengths, dtype=torch.bool))
-        return replace(state, **self.planned(state, ahead.tolist(), budgets))
+        return replace(state, **self.planned(state.controller, ahead.tolist(), budgets))
 
     @staticmethod
     def warn_empty_sources(sample: Dict[str, Any]) -> None:
@@ -417,13 +425,15 @@ class SpeculativeGenerator:
             draft, drafter_state = self.drafter.draft(state.drafter, state.tokens, state.lengths, request)
         else:  # no row may send anything: the drafter catches up on its next call
             draft, drafter_state = empty_draft(state.rows.numel(), request, state.tokens.device), state.drafter
-        # Never draft past the forced eos: positions lengths .. max_len may be drafted.
-        room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
-        if budget is not None:
-            room = torch.minimum(room, budget)
-        k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
-        if draft.valid is not None:
-            k = torch.minimum(k, draft.valid)  # (B,)
+        if not horizon:  # nothing drafted: every row sends 0 (the empty draft's ``valid``)
+            k = draft.valid  # (B,)
+        else:  # never draft past the forced eos: positions lengths .. max_len may be drafted
+            room = (max_len + 1 - state.lengths).clamp(min=0)  # (B,)
+            if budget is not None:
+                room = torch.minimum(room, budget)
+            k = torch.minimum(self.controller.propose(state.controller, draft), room)  # (B,)
+            if draft.valid is not None:
+                k = torch.minimum(k, draft.valid)  # (B,)
         if self.static:  # as wide as any row may send (no row reaches past the forced eos)
             width = max(0, min(horizon, max_len + 1 - state.shortest))
         else:

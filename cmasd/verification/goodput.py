@@ -455,7 +455,24 @@ class Goodput(Controller):
         return self.observe_read(state, sent, kept)
 
     def host_budget(self, state: GoodputState) -> int:
-        return int(state.planned.max())
+        return int(state.planned.max()) if state.drafts else 0
+
+    def idles_next(self, state: GoodputState) -> bool:
+        """Certain, before the read, where the plan stands at 0 (``observe_rows``,
+        ``observe_one``): nothing was sent (nothing is learnt), the plan was made for as many
+        rows (to a power of two; a row alone: for a row alone), no timing correction can
+        complete and no probe is due at the next step. Where drafting fails, that is every
+        iteration but the probes and the first of each row count."""
+        if state.drafts:
+            return False
+        rows, step = len(state.planned), self.iterations + 1
+        if self.correction == "timing" and self.timed[bucket(rows)][0] < TIMING_MIN:
+            return False  # the idle timing of this row count may complete: a plan again
+        if rows == 1:
+            return state.planned_for == 1 and step % int(state.wait[0]) != 0
+        if bucket(rows) != bucket(state.planned_for):
+            return False
+        return step % self.probe_every != 0 or not (step % state.wait == 0).any()
 
     def observe_read(self, state: GoodputState, sent: np.ndarray, kept: np.ndarray) -> GoodputState:
         """On the host (the counts live there), after the iteration's one read: numpy's few
@@ -523,9 +540,14 @@ class Goodput(Controller):
     def observe_one(self, state: GoodputState, sent: int, kept: int, now: float, timed: bool = False) -> GoodputState:
         """``observe_rows`` for a row alone, in plain Python (the same arithmetic and
         plans: tested against it)."""
-        hits, misses = float(state.hits[0]), float(state.misses[0])
         self.iterations += 1
         step, wait, planned = self.iterations, int(state.wait[0]), int(state.planned[0])
+        if not (sent or planned or timed or state.planned_for > 1 or step % wait == 0):
+            # idle, nothing learnt, no probe due: the state stands but for its clock (no arrays made)
+            predicted = state.predicted if state.predicted_for == 1 else self.seconds(state.planned)
+            return GoodputState(state.hits, state.misses, state.plan, state.wait, state.planned, predicted, now, 1, 1,
+                                False)
+        hits, misses = float(state.hits[0]), float(state.misses[0])
         plan, acceptance = planned, None
         if sent > 0 or state.planned_for > 1 or timed:  # learnt, planned for more rows, or a new correction
             if sent > 0:

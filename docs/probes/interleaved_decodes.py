@@ -10,7 +10,9 @@ docs/results/speculation-pays.md's third session; `cmasd-bench` is the record).
 A configuration is a bench name or `NAME:base=NAMED;KEY=VALUE;...`. `--feed-all CONFIG` makes
 that configuration's draft model feed every token since its last call and project each
 (`AutoregressiveDrafter.keeps_fed_drafts` off: the behaviour before 2026-11-29); the same
-configuration may be given twice, once plain and once with it. A language model's data takes
+configuration may be given twice, once plain and once with it; `--shapes-always CONFIG` likewise
+computes the drafter's shapes after idle iterations too (`Controller.idles_next` off: the
+behaviour before 2026-11-29's tenth session). A language model's data takes
 `--prompt-tokens` and `--continuation-tokens` as `cmasd-bench` does. `--time-parts` adds the
 seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
 `--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen).
@@ -65,6 +67,11 @@ def main():
     ap.add_argument("--time-parts", action="store_true")
     ap.add_argument("--learned-weight", type=float, default=None)
     ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
+    ap.add_argument("--shapes-always", action="append", default=[],
+                    help="a configuration given, to run with the drafter's shapes computed after idle iterations too")
+    ap.add_argument("--paired", action="store_true",
+                    help="interleave batch by batch (each batch decoded by every configuration in turn, the order "
+                         "rotated), not pass by pass: the host's slower minutes fall on every configuration alike")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--continuation-tokens", type=int, default=48)
     a = ap.parse_args()
@@ -94,11 +101,16 @@ def main():
             for model in draft_models(generator.drafter):
                 model.keeps_fed_drafts = False
             name = spec + " (feed all)"
+        elif spec in a.shapes_always and spec + " (shapes always)" not in names:
+            generator.controller.idles_next = lambda state: False
+            name = spec + " (shapes always)"
         generators.append((name, generator))
         names.append(name)
     batches = loading.build_batches(setup, a.batch_size)
     for _, generator in generators:
         decode_split(generator, setup, batches[:4])
+    if a.paired:
+        return paired(generators, setup, batches, a.repeats)
     seconds, stats = {name: [] for name in names}, {}
     for _ in range(a.repeats):
         for spec, generator in generators:
@@ -115,6 +127,38 @@ def main():
               f"{s.get('bookkeeping_ms_per_iteration', 0):.3f} ms")
     for name, total in spent.items():
         print(f"{name}: {total * 1000:.1f} ms in all")
+
+
+def paired(generators, setup, batches, repeats):
+    """``--paired``: every batch decoded by each configuration in turn (the order rotated
+    batch by batch), ``repeats`` times; each configuration's total seconds, its ratio to
+    the first's and that ratio's 95% interval, resampling the batches (bootstrap)."""
+    import numpy as np
+
+    from cmasd.decoding.stats import DecodeStats
+
+    names = [name for name, _ in generators]
+    seconds = np.zeros((len(names), len(batches)))
+    stats = [DecodeStats() for _ in names]
+    for _ in range(repeats):
+        for i, batch in enumerate(batches):
+            for turn in range(len(generators)):
+                c = (i + turn) % len(generators)
+                t0 = time.perf_counter()
+                decoded = generators[c][1].decode(batch)
+                seconds[c, i] += time.perf_counter() - t0
+                stats[c].add(decoded.stats)
+    rng = np.random.default_rng(0)
+    draws = rng.integers(0, len(batches), size=(2000, len(batches)))
+    totals = seconds[:, draws].sum(axis=2)  # (configurations, draws)
+    for c, name in enumerate(names):
+        ratios = totals[0] / totals[c]
+        low, high = np.percentile(ratios, [2.5, 97.5])
+        s = stats[c].summary()
+        print(f"{name:60s} {seconds[c].sum():8.3f} s  x{seconds[0].sum() / seconds[c].sum():.3f} "
+              f"[{low:.3f}, {high:.3f}]  tok/it {s.get('mean_accepted_tokens') or 0:.2f} k {s.get('mean_k') or 0:.2f} "
+              f"d/v/b {s.get('draft_ms_per_iteration') or 0:.3f}/{s.get('verify_ms_per_iteration') or 0:.3f}/"
+              f"{s.get('bookkeeping_ms_per_iteration') or 0:.3f} ms")
 
 
 if __name__ == "__main__":
