@@ -4,7 +4,8 @@ Its choices on hand-made cost tables and acceptance rates: k = 0 where drafting 
 pay, k growing with acceptance where it does, per row within a ragged batch, the same k
 for every row where verification is padded, probes after a row has sat at 0 (on the
 controller's clock, later rows starting from the period reached), the bound on plans
-known to idle, per-position acceptance. The tables' refusal of nonsense. Calibration's
+known to idle, per-position acceptance, ``idles_next`` never saying idle before a plan that
+drafts. The tables' refusal of nonsense. Calibration's
 table for tiny models in process. Then through
 ``fairseq-generate``: lossless against ``--beam 1`` with every drafter kind that needs no
 extra checkpoint, at batch 1, 7 and 16, with a saved table (so that the plans vary

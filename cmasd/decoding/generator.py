@@ -173,7 +173,8 @@ class SpeculativeGenerator:
     Every tensor is made on the model's device, and an iteration reads the device from
     the host only for what the host must decide: in ``retire`` (one read) which rows
     finished, the bounds of the others' lengths and what the next iteration's shapes need
-    (the draft's horizon where the controller budgets, the drafter's ``shapes``); and the
+    (the draft's horizon where the controller budgets, the drafter's ``shapes``, none
+    before an iteration the controller says idles: ``idles_next``); and the
     block's width (``k.max()``), unless ``static`` (the block is then the draft's horizon
     wide, a shape known on the host: one read an iteration in all where the parts add none,
     and the fixed shapes a captured graph needs). The parts may add their own (a ragged
