@@ -459,6 +459,26 @@ def test_iterations_said_to_idle_next_compute_no_drafter_shapes_and_read_once(mo
     assert shapes[mine] < len(decoded.inside) / 2, (shapes, drafts, len(decoded.inside))
 
 
+def test_caches_start_as_wide_as_the_first_plan_and_grow_for_later_drafts(models, monkeypatch):
+    """goodput starting a batch idle (after batches that taught it the drafts' acceptance):
+    the caches start with room for one-position blocks, not for the horizon's, grow when a
+    probe later sends a full block, and the hypotheses are greedy's."""
+    g = idling_goodput(models, "autoregressive")
+    for _ in range(2):
+        g.decode(sample(models, 5))
+    capacities, drafts = [], []
+    reserve = g.reserve
+    g.reserve = lambda state: capacities.append(state.verifier.capacity) or reserve(state)
+    draft = AutoregressiveDrafter.draft
+    monkeypatch.setattr(AutoregressiveDrafter, "draft", lambda self, *a: drafts.append(a[-1].horizon) or draft(self, *a))
+    batch = sample(models, 5)
+    decoded = g.decode(batch)
+    assert capacities[0] == batch["net_input"]["src_tokens"].size(1) + 2  # an idle first plan: blocks of one
+    assert drafts and max(drafts) == HORIZON and max(capacities) > capacities[0]  # a probe's full block, room grown
+    greedy = generator(models, "autoregressive", "exact", "fixed").decode(sample(models, 5))
+    assert hypotheses_of(decoded.hypotheses) == hypotheses_of(greedy.hypotheses)
+
+
 @pytest.mark.parametrize("drafter", ["spec", "autoregressive"])
 @pytest.mark.parametrize("bsz", [1, 5])
 def test_a_controller_wrongly_saying_idle_costs_a_read_not_a_token(models, drafter, bsz):
