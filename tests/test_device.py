@@ -459,7 +459,7 @@ def test_iterations_said_to_idle_next_compute_no_drafter_shapes_and_read_once(mo
     assert shapes[mine] < len(decoded.inside) / 2, (shapes, drafts, len(decoded.inside))
 
 
-def test_caches_start_as_wide_as_the_first_plan_and_grow_for_later_drafts(models, monkeypatch):
+def test_caches_of_an_idle_first_plan_start_for_blocks_of_one_and_grow_for_later_drafts(models, monkeypatch):
     """goodput starting a batch idle (after batches that taught it the drafts' acceptance):
     the caches start with room for one-position blocks, not for the horizon's, grow when a
     probe later sends a full block, and the hypotheses are greedy's."""
