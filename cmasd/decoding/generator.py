@@ -253,11 +253,10 @@ class SpeculativeGenerator:
         ids = (sample["id"] if "id" in sample else torch.arange(bsz)).to(src_tokens.device)
         controller = self.controller.start(bsz, ids.device)
         # the caches start with room for a target two blocks longer than the source and grow
-        # (``reserve``); blocks of one position where the controller plans on the host and
-        # plans to send nothing: caches wider than they need cost time (at batch 16 an idle
-        # goodput's, sized for blocks of 9, ran 3% slower)
-        idle = self.controller.plans_on_host and self.controller.host_budget(controller) == 0
-        expected = min(src_len + 2 * (1 if idle else self.horizon + 1), capacity)
+        # (``reserve``); a block of one position where the controller plans on the host and
+        # plans to send nothing (``block``)
+        first = self.controller.host_budget(controller) if self.controller.plans_on_host else None
+        expected = min(src_len + 2 * self.block(first), capacity)
 
         stats = DecodeStats(sentences=bsz)
         # fairseq forces at most max_len prefix tokens, then eos
@@ -294,7 +293,8 @@ class SpeculativeGenerator:
         bsz = done.numel()
         bounds = torch.stack([torch.where(done, state.tokens.size(1), state.lengths).min(),
                               torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
-        ahead, budgets = self.ahead(state, ~done, idle=self.controller.idles_next(state.controller))
+        idle = self.controller.idles_next(state.controller)
+        ahead, budgets = self.ahead(state, ~done, idle)
         counts = [] if state.counts is None else list(state.counts)  # (B,) each
         host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds, ahead, *counts]).tolist()
         ended, rows, lengths, steps = (host[i * bsz : (i + 1) * bsz] for i in range(4))
@@ -312,12 +312,12 @@ class SpeculativeGenerator:
         if not kept:  # the batch is done: nothing to keep (selecting every cache down to 0 rows cost a copy each)
             return replace(state, rows=state.rows[:0])
         if len(kept) < bsz:  # the rows that go on, in order (a stable sort: no copy from the host, which would wait)
-            state = replace(state, **heard) if heard else state
-            state, heard = state.select(torch.sort(done.long(), stable=True).indices[: len(kept)], kept), {}
+            state, heard = replace(state, **heard).select(torch.sort(done.long(), stable=True).indices[: len(kept)],
+                                                          kept), {}
         controller = heard.get("controller", state.controller)
         # (one ``replace`` for all: at batch 1 each costs a few microseconds of an iteration's 500 or so)
         return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **heard,
-                                    **self.planned(controller, ahead, budgets)))
+                                    **self.planned(controller, ahead, budgets, idle)))
 
     def ahead(self, state: DecodeState, going: Tensor, idle: bool = False) -> Tuple[Tensor, bool]:
         """What the next iteration of the rows where ``going`` (B,) bool must know on the
@@ -331,18 +331,18 @@ class SpeculativeGenerator:
                  if part is not None]
         return (torch.cat(parts) if parts else state.lengths.new_zeros(0)), budget is not None
 
-    def planned(self, controller: RowState, ahead: List[int], budgets: bool) -> Dict[str, Any]:
+    def planned(self, controller: RowState, ahead: List[int], budgets: bool, idle: bool = False) -> Dict[str, Any]:
         """``ahead``'s numbers, read: the ``horizon`` and ``shapes`` of the next iteration
-        (of the rows that go on, whose controller state is ``controller``)."""
-        if len(ahead) not in (budgets, budgets + self.drafter.shape_reads):
+        (of the rows that go on, whose controller state is ``controller``; ``idle``: said
+        to idle, its shapes not computed, and a drafter called after all reads its own)."""
+        reads = 0 if idle else self.drafter.shape_reads
+        if len(ahead) != budgets + reads:
             raise RuntimeError(f"drafter {self.drafter.name} gave {len(ahead) - budgets} shapes to read, "
-                               f"not its shape_reads ({self.drafter.shape_reads})")
+                               f"not {reads} (its shape_reads: {self.drafter.shape_reads})")
         horizon = ahead[0] if budgets else None
         if self.controller.plans_on_host:
             horizon = self.controller.host_budget(controller)
-        # none where the next iteration was to idle (``idles_next``): a drafter called after all reads its own
-        shapes = tuple(ahead[budgets:]) if len(ahead) > budgets or not self.drafter.shape_reads else None
-        return {"horizon": horizon, "shapes": shapes}
+        return {"horizon": horizon, "shapes": None if idle and self.drafter.shape_reads else tuple(ahead[budgets:])}
 
     def read_ahead(self, state: DecodeState) -> DecodeState:
         """Before the first iteration: ``ahead`` over every row, read."""
@@ -406,12 +406,18 @@ class SpeculativeGenerator:
                            dim=1)  # (B, capacity)
         return replace(state, scores=scores)
 
+    def block(self, horizon: Optional[int]) -> int:
+        """The positions the caches keep room for beyond a row's prefix, for an iteration of
+        ``horizon`` (None: not read): a full block, or one position where it drafts nothing
+        (caches wider than they need cost time: at batch 16 an idle goodput's, sized for
+        blocks of 9, ran 3% slower)."""
+        return 1 if horizon == 0 else self.horizon + 1
+
     def reserve(self, state: DecodeState) -> DecodeState:
         """Room in both caches for the next iteration of the longest row: its prefix and
-        a full block (one position where the next iteration's horizon was read as 0: it
-        drafts nothing). Grows them by doubling, up to the tokens' capacity. (The caches
+        its ``block``. Grows them by doubling, up to the tokens' capacity. (The caches
         ``start`` makes have room for the first iteration.)"""
-        needed = state.longest + (0 if state.horizon == 0 else self.horizon) + 1
+        needed = state.longest + self.block(state.horizon)
         if needed <= state.verifier.capacity:
             return state
         capacity = min(max(needed, 2 * state.verifier.capacity), state.tokens.size(1))
