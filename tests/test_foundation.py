@@ -177,7 +177,7 @@ BAD_INPUT = {
         "unknown dataset 'no-such-dataset'"),
     "unknown-size": (
         ["train-verifier.sh", "DATA", "huge"], {},
-        "unknown size 'huge': use base, compact, compact-short or bart-compact"),
+        "unknown size 'huge': use base, base-small, compact, compact-short or bart-compact"),
     "drafter-missing-verifier": (
         ["train-drafter.sh", "DATA", "/nonexistent.pt"], {},
         "verifier checkpoint not found: /nonexistent.pt"),

@@ -123,6 +123,7 @@ RECIPES = {
     "train-blockwise-heads": ("blockwise_heads", "blockwise-heads"),
 }
 USER_OPTIONS = ["--max-update", "7", "--save-dir", "my dir"]
+VERIFIER_SIZES = ("base", "base-small")
 
 
 @pytest.fixture(scope="module")
@@ -145,18 +146,21 @@ def recipe_commands(tmp_path_factory):
         (data / split).touch()
     for width in (256, 512):
         torch.save({"model": {"decoder.embed_tokens.weight": torch.zeros(4, width)}}, root / f"v{width}.pt")
-    runs = [(recipe, 512) for recipe in RECIPES] + [("train-drafter", 256)]
+    # drafter recipes: (recipe, verifier width); train-verifier.sh: (recipe, size)
+    runs = {(recipe, 512): [root / "v512.pt"] for recipe in RECIPES}
+    runs[("train-drafter", 256)] = [root / "v256.pt"]
+    runs.update({("train-verifier", size): [size] for size in VERIFIER_SIZES})
     env = dict(os.environ, CMASD_PYTHON=str(stub / "python"), OMP_NUM_THREADS="1")
     procs = {
-        run: subprocess.Popen(["bash", REPO / "data-prep" / f"{run[0]}.sh", data, root / f"v{run[1]}.pt", *USER_OPTIONS],
+        run: subprocess.Popen(["bash", REPO / "data-prep" / f"{run[0]}.sh", data, *args, *USER_OPTIONS],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
-        for run in runs
+        for run, args in runs.items()
     }
     commands = {}
     for run, proc in procs.items():
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"{run}: {err}"
-        commands[run] = (out.splitlines(), str(data), str(root / f"v{run[1]}.pt"))
+        commands[run] = (out.splitlines(), str(data), str(runs[run][0]))
     return commands
 
 
@@ -184,6 +188,32 @@ def test_train_drafter_trains_one_architecture_at_every_width(recipe_commands):
     base, _, large = recipe_commands[("train-drafter", 512)]
     assert compact[compact.index("--arch") + 1] == "spec_drafter_base"
     assert [small if a == small else a for a in compact] == [small if a == large else a for a in base]
+
+
+def option(argv, name):
+    """The value after ``name`` in ``argv``."""
+    return argv[argv.index(name) + 1]
+
+
+def test_base_small_trains_transformer_base_on_a_small_corpus(recipe_commands):
+    """train-verifier.sh's base-small: the model of base (transformer_wmt_en_de, shared
+    embeddings), with a schedule for a corpus of Multi30k's size, through cmasd's task
+    (bfloat16 autocast where this CPU has it, as the drafter recipes decide)."""
+    base, data, _ = recipe_commands[("train-verifier", "base")]
+    small, _, _ = recipe_commands[("train-verifier", "base-small")]
+    assert small[:5] == [data, "--user-dir", str(REPO / "fairseq_plugins"), "--task", "translation_speculative"]
+    assert "--task" not in base
+    for argv in (base, small):
+        assert option(argv, "--arch") == "transformer_wmt_en_de" and "--share-all-embeddings" in argv
+        assert option(argv, "--lr") == "5e-4" and option(argv, "--max-tokens") == "4096"
+        assert argv[-len(USER_OPTIONS):] == USER_OPTIONS
+    assert option(base, "--warmup-updates") == "4000" and option(base, "--dropout") == "0.1"
+    assert option(small, "--warmup-updates") == "800" and option(small, "--dropout") == "0.3"
+    assert option(small, "--drafter-cuts") == "0"
+    assert option(small, "--save-dir").endswith("my dir")  # the caller's, made absolute
+    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert ("--drafter-bf16-autocast" in small) == bf16 and "--drafter-bf16-autocast" not in base
+    assert "--cpu" in small or torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
