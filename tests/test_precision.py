@@ -22,6 +22,8 @@ The generation runs use the first 16 probe sentences and the empty line (``small
 half precision runs slowly on a CPU.
 """
 
+import itertools
+
 import pytest
 import torch
 from helpers import (EMPTY_AT, PLUGINS, assert_same_hypotheses, binarize, generate, hypotheses, raw_pairs, tiny_dictionary,
@@ -138,10 +140,16 @@ def test_bfloat16_models_decode_as_fairseq_greedy(probe, verifier, drafters, rol
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-def test_block_scores_equal_fairseq_bit_for_bit_in_half_precision(dtype):
+def test_block_scores_equal_fairseq_in_half_precision(dtype):
     """16 sentences, some left-padded: blocks of 1, 4 and 34 positions, in a cache with
-    room to spare, score exactly what fairseq's incremental decoder scores one token at a
-    time, on the encoder output it computes."""
+    room to spare, score what fairseq's incremental decoder scores one token at a time, on
+    the encoder output it computes: bit for bit where a block is one position (the shapes
+    of fairseq's own steps), and within a few units of the dtype's rounding in longer
+    blocks. There the attention product multiplies several query rows at once, and
+    torch's half-precision matmul on a CPU takes another path for several rows than for
+    one on some hosts (an AMD EPYC with AVX2 only: float16 probabilities times values
+    differ in the last bit at 34 rows, and never at one; docs/results/gpu.md): the sum's
+    order, not the arithmetic, differs, so no exact promise holds there by construction."""
     from cmasd.layers.cache import BlockScorer
     from cmasd.layers.prepared import encoder_of
 
@@ -168,7 +176,11 @@ def test_block_scores_equal_fairseq_bit_for_bit_in_half_precision(dtype):
             got.append(scorer.score(cache, tokens[:, start : start + n], torch.full((bsz,), start)))  # (B, n, V)
             start += n
     assert torch.equal(got_encoder["encoder_out"][0], encoder_out["encoder_out"][0])
-    assert torch.equal(torch.cat(got, dim=1), torch.stack(expected, dim=1))
+    expected = torch.stack(expected, dim=1)  # (B, T, V)
+    singles = [start for start, n in zip(itertools.accumulate((0,) + blocks), blocks) if n == 1]  # [0, 5]
+    assert torch.equal(torch.cat(got, dim=1)[:, singles], expected[:, singles])
+    units = 8 * torch.finfo(dtype).eps  # a wrong mask or position moves the logits by whole units, not by these
+    torch.testing.assert_close(torch.cat(got, dim=1), expected, rtol=units, atol=units)
 
 
 def test_exact_acceptance_breaks_ties_as_fairseq_beam_search():
