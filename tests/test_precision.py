@@ -148,7 +148,7 @@ def test_block_scores_equal_fairseq_in_half_precision(dtype):
     blocks. There the attention product multiplies several query rows at once, and
     torch's half-precision matmul on a CPU takes another path for several rows than for
     one on some hosts (an AMD EPYC with AVX2 only: float16 probabilities times values
-    differ in the last bit at 34 rows, and never at one; docs/results/gpu.md): the sum's
+    differ in the last bit at 34 rows, and never at one; docs/results/tests.md): the sum's
     order, not the arithmetic, differs, so no exact promise holds there by construction."""
     from cmasd.layers.cache import BlockScorer
     from cmasd.layers.prepared import encoder_of
