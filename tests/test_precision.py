@@ -176,11 +176,11 @@ def test_block_scores_equal_fairseq_in_half_precision(dtype):
             got.append(scorer.score(cache, tokens[:, start : start + n], torch.full((bsz,), start)))  # (B, n, V)
             start += n
     assert torch.equal(got_encoder["encoder_out"][0], encoder_out["encoder_out"][0])
-    expected = torch.stack(expected, dim=1)  # (B, T, V)
+    got, expected = torch.cat(got, dim=1), torch.stack(expected, dim=1)  # (B, T, V) each
     singles = [start for start, n in zip(itertools.accumulate((0,) + blocks), blocks) if n == 1]  # [0, 5]
-    assert torch.equal(torch.cat(got, dim=1)[:, singles], expected[:, singles])
+    assert torch.equal(got[:, singles], expected[:, singles])
     units = 8 * torch.finfo(dtype).eps  # a wrong mask or position moves the logits by whole units, not by these
-    torch.testing.assert_close(torch.cat(got, dim=1), expected, rtol=units, atol=units)
+    torch.testing.assert_close(got, expected, rtol=units, atol=units)
 
 
 def test_exact_acceptance_breaks_ties_as_fairseq_beam_search():
