@@ -177,8 +177,8 @@ for prefix, most, out, lines in zip(*[iter(sys.argv[3:])] * 4):
           file=sys.stderr)
 EOF
   rm -f "$DEST/prompts-bin"/*
-  fairseq_tool preprocess
-  "${FAIRSEQ_CMD[@]}" --only-source "${prefs[@]}" --destdir "$DEST/prompts-bin" --srcdict "$DATA/dict.txt" --workers 1
+  binarizer 1
+  "${BINARIZE_CMD[@]}" --only-source "${prefs[@]}" --destdir "$DEST/prompts-bin" --srcdict "$DATA/dict.txt"
   mark_done prompts "$sig"
 }
 
@@ -234,8 +234,8 @@ if ! done_step binarize "$ALL_SIG"; then
   rm -f "$DEST"/*.bin "$DEST"/*.idx
   prefs=(--trainpref "$DEST/tok/train.txt")
   (( VALID_PROMPTS > 0 )) && prefs+=(--validpref "$DEST/tok/valid.txt")
-  fairseq_tool preprocess
-  "${FAIRSEQ_CMD[@]}" --only-source "${prefs[@]}" --destdir "$DEST" --srcdict "$DATA/dict.txt" --workers 2
+  binarizer 2
+  "${BINARIZE_CMD[@]}" --only-source "${prefs[@]}" --destdir "$DEST" --srcdict "$DATA/dict.txt"
   cmp -s "$DEST/dict.txt" "$DATA/dict.txt" || die "the distilled dictionary differs from $DATA/dict.txt"
   copied=(test.bin test.idx spm.model)
   (( VALID_PROMPTS > 0 )) || copied+=(valid.bin valid.idx)

@@ -211,10 +211,10 @@ for split in "${SPLITS[@]}"; do
 done
 log "binarizing into $DEST"
 
-fairseq_tool preprocess
+binarizer 2
 rm -f "$DEST/dict.$SRC.txt" "$DEST/dict.$TGT.txt"
-"${FAIRSEQ_CMD[@]}" --source-lang "$SRC" --target-lang "$TGT" "${PREFIXES[@]}" \
-  --destdir "$DEST" --srcdict "$DATA/dict.$SRC.txt" --joined-dictionary --workers 2
+"${BINARIZE_CMD[@]}" --source-lang "$SRC" --target-lang "$TGT" "${PREFIXES[@]}" \
+  --destdir "$DEST" --srcdict "$DATA/dict.$SRC.txt" --joined-dictionary
 cmp -s "$DEST/dict.$TGT.txt" "$DATA/dict.$TGT.txt" || die "the distilled dictionary differs from $DATA/dict.$TGT.txt"
 # the splits not distilled come from the original data-bin, as do the raw references
 # (raw/: what sacreBLEU scores against, also for a distilled valid or test split)

@@ -77,7 +77,7 @@ Options:
                            >= 100; default 32000 full, 16000 partial)
   --spm-model PATH         reuse this sentencepiece model ...
   --dict PATH              ... and fairseq dictionary (both or neither)
-  --workers N              fairseq-preprocess workers (default 2)
+  --workers N              fairseq-preprocess workers, with CMASD_BINARIZER=fairseq-preprocess (default 2)
   -h, --help               this help
 
 Output (DIR):

@@ -28,7 +28,8 @@ Usage: bash data-prep/prepare-lm.sh [--corpus cnndm|multi30k-en|news-en] [option
 
 Monolingual data for a fairseq language model (--task language_modeling, --arch transformer_lm):
 one document or sentence a line, a sentencepiece vocabulary (trained on the train split, or
-reused), fairseq-preprocess --only-source, and prompts held out from the test split for
+reused), fairseq-preprocess --only-source's binarization (cmasd-prep binarize, byte for byte;
+CMASD_BINARIZER=fairseq-preprocess runs fairseq's), and prompts held out from the test split for
 continuing (fairseq-interactive, cmasd-bench).  Train on it with data-prep/train-lm.sh.
 
 Corpora (--corpus):
@@ -65,7 +66,7 @@ Options:
   --prompt-words N         a prompt is the first N words of a test document (default
                            $DEFAULT_PROMPT_WORDS); documents of at most N words give none
   --max-prompts N          at most N prompts, from the first test documents (default $DEFAULT_MAX_PROMPTS)
-  --workers N              fairseq-preprocess workers (default 2)
+  --workers N              fairseq-preprocess workers, with CMASD_BINARIZER=fairseq-preprocess (default 2)
   -h, --help               this help
 
 Output (DIR):
@@ -217,10 +218,10 @@ fi
 
 if ! done_step binarize; then
   rm -f "$DEST"/*.bin "$DEST"/*.idx
-  fairseq_tool preprocess
-  # --srcdict is DEST/dict.txt itself: fairseq-preprocess reads it, then writes it back unchanged
-  "${FAIRSEQ_CMD[@]}" --only-source --trainpref "$DEST/tok/train.txt" --validpref "$DEST/tok/valid.txt" \
-    --testpref "$DEST/tok/test.txt" --destdir "$DEST" --srcdict "$DEST/dict.txt" --workers "$WORKERS"
+  binarizer "$WORKERS"
+  # --srcdict is DEST/dict.txt itself: the binarizer reads it, then writes it back unchanged
+  "${BINARIZE_CMD[@]}" --only-source --trainpref "$DEST/tok/train.txt" --validpref "$DEST/tok/valid.txt" \
+    --testpref "$DEST/tok/test.txt" --destdir "$DEST" --srcdict "$DEST/dict.txt"
   mark_done binarize
 fi
 

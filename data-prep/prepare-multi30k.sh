@@ -18,7 +18,8 @@ usage() {
 Usage: bash data-prep/prepare-multi30k.sh [options]
 
 Multi30k task 1 EN-DE (train 29,000 / valid 1,014 / test_2016_flickr 1,000 pairs) for fairseq:
-fetch, normalize whitespace, joint sentencepiece (trained here, or reused), fairseq-preprocess.
+fetch, normalize whitespace, joint sentencepiece (trained here, or reused), fairseq-preprocess's
+binarization (cmasd-prep binarize, byte for byte; CMASD_BINARIZER=fairseq-preprocess runs fairseq's).
 
 Data source: $BASE_URL/{train,val,test_2016_flickr}.{en,de}.gz,
 or, when CMASD_DATA_MIRROR is set, \$CMASD_DATA_MIRROR/multi30k/<same file names>.

@@ -29,7 +29,8 @@ Usage: bash data-prep/prepare-samsum.sh [options]
 
 SAMSum dialogue summarization for fairseq: source language "src" (the dialogue), target "tgt"
 (its summary); train 14,731 / valid 818 (SAMSum's validation split) / test 819 pairs.
-Joint sentencepiece vocabulary (trained here, or reused), fairseq-preprocess.
+Joint sentencepiece vocabulary (trained here, or reused), fairseq-preprocess's binarization
+(cmasd-prep binarize, byte for byte; CMASD_BINARIZER=fairseq-preprocess runs fairseq's).
 
 Dialogues: each line break becomes the turn separator " $TURN " (whitespace inside a turn is
 collapsed, empty lines are dropped), so that raw/SPLIT.src holds one dialogue a line and the
@@ -78,7 +79,7 @@ Options:
   --spm-model PATH         reuse this sentencepiece model instead of training one ...
   --dict PATH              ... with this fairseq dictionary (both or neither; copied into DIR
                            as spm.model and dict.txt)
-  --workers N              fairseq-preprocess workers (default 2)
+  --workers N              fairseq-preprocess workers, with CMASD_BINARIZER=fairseq-preprocess (default 2)
   -h, --help               this help
 
 Output (DIR):

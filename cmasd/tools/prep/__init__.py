@@ -12,7 +12,8 @@ subcommands, one module per concern, each declaring its ``COMMANDS`` (name, help
 ``sentences``     cnndm-split, refs-jsonl, lead (summaries cut into sentences for ROUGE-Lsum)
 ``summaries``     summ-convert, summ-split (summarization corpora as published)
 ``parallel``      clean-corpus, denoise-pairs, sgm-extract
-``fairseq_files`` count-bin, compare-hyps
+``fairseq_files`` count-bin, compare-hyps, piece-counts
+``binarize``      binarize (fairseq-preprocess's binarization with a given dictionary, byte for byte)
 
 and what they share: ``base`` (the error type, the command record, messages) and
 ``textio`` (UTF-8 and gzipped input, atomic outputs, JSON records, line pairs).

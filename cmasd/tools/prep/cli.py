@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cmasd.tools.prep import fairseq_files, normalize, parallel, sentences, subwords, summaries
+from cmasd.tools.prep import binarize, fairseq_files, normalize, parallel, sentences, subwords, summaries
 from cmasd.tools.prep.base import PROG, Command, PrepError
 
 DESCRIPTION = "Text preparation helpers for the cmasd data-prep scripts."
@@ -20,6 +20,7 @@ COMMANDS: tuple[Command, ...] = (
     *summaries.COMMANDS,
     *parallel.COMMANDS,
     *fairseq_files.COMMANDS,
+    *binarize.COMMANDS,
 )
 
 
