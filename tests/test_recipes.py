@@ -15,16 +15,16 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY
 
 import fairseq_plugins  # noqa: F401  (registers the architectures, as --user-dir does)
 from cmasd.tools import pieces, prep
-from cmasd.tools.prep import cli, fairseq_files, normalize, parallel, sentences, subwords, summaries
+from cmasd.tools.prep import binarize, cli, fairseq_files, normalize, parallel, sentences, subwords, summaries
 
 REPO = Path(__file__).resolve().parents[1]
 
 SUBCOMMANDS = [
     "normalize", "spm-train", "spm-encode", "spm-decode", "gpt2-encode", "cnndm-split",
     "refs-jsonl", "lead", "summ-convert", "summ-split", "clean-corpus", "denoise-pairs",
-    "sgm-extract", "count-bin", "compare-hyps", "piece-counts",
+    "sgm-extract", "count-bin", "compare-hyps", "piece-counts", "binarize",
 ]
-MODULES = (normalize, subwords, sentences, summaries, parallel, fairseq_files)
+MODULES = (normalize, subwords, sentences, summaries, parallel, fairseq_files, binarize)
 
 
 # ------------------------------------------------------------------ cmasd-prep's table

@@ -187,6 +187,6 @@ def run_binarize(args: argparse.Namespace) -> None:
 
 
 COMMANDS = (
-    Command("binarize", "fairseq-preprocess's binarization with a given dictionary, byte for byte",
+    Command("binarize", "binarize as fairseq-preprocess does, byte for byte",
             add_binarize, run_binarize),
 )
