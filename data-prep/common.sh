@@ -28,6 +28,7 @@
 #   check_lines FILE N        die unless FILE has exactly N lines
 #   check_parallel A B        die unless A and B have the same number of lines
 #   prepare_vocab ...         train a joint sentencepiece model or copy a given one (see below)
+#   binarizer WORKERS         BINARIZE_CMD: cmasd-prep binarize, or fairseq-preprocess (see below)
 #   binarize ...              fairseq-preprocess's binarization with the joint dictionary (see below)
 #   add_extra_test ...        binarize one more raw parallel test set under its own name
 #   summarize DEST            print the sentence counts of every binarized split
@@ -364,8 +365,9 @@ check_reuse_options() {
 }
 
 # binarize DEST SRC TGT WORKERS SPLITS...
-# binarizes (binarizer: fairseq-preprocess's files) DEST/tok/SPLIT.{SRC,TGT} for SPLIT in SPLITS (train, valid, test; a
-# missing split is left out) into DEST, with DEST/dict.txt as the joint dictionary.
+# DEST/tok/SPLIT.{SRC,TGT} for SPLIT in SPLITS (train, valid, test; a missing split is left
+# out) binarized into DEST (binarizer: fairseq-preprocess's files), with DEST/dict.txt as the
+# joint dictionary.
 binarize() {
   local dest="$1" src="$2" tgt="$3" workers="$4" split
   shift 4
