@@ -119,15 +119,31 @@ PAIR = ["--source-lang", "src", "--target-lang", "tgt"]
     ("ein 5\n", ["--only-source", "--target-lang", "tgt", "--testpref", "t.src"], "--only-source takes no --target-lang"),
     ("ein 5\n", ["--target-lang", "tgt", "--testpref", "t"], "give --source-lang and --target-lang (or --only-source)"),
     ("ein 5\n", PAIR, "give at least one of --trainpref, --validpref, --testpref"),
+    ("ein 5\nK\xf6ln 2\n".encode("latin-1"), [*PAIR, "--testpref", "t"],
+     "dict.txt:2: not UTF-8 text (invalid start byte at byte 2 of the line)"),
 ])
 def test_bad_input_gets_one_line(tmp_path, dictionary, options, message):
-    if dictionary is not None:
+    if isinstance(dictionary, bytes):
+        (tmp_path / "dict.txt").write_bytes(dictionary)
+    elif dictionary is not None:
         (tmp_path / "dict.txt").write_text(dictionary, encoding="utf-8")
     for lang in ("src", "tgt"):
         (tmp_path / f"t.{lang}").write_text("ein\n", encoding="utf-8")
     proc = subprocess.run([str(BIN / "cmasd-prep"), "binarize", "--srcdict", "dict.txt", "--destdir", "out", *options],
                           capture_output=True, text=True, cwd=tmp_path)
     assert (proc.returncode, proc.stderr) == (2, f"cmasd-prep: error: {message}\n")
+
+
+def test_text_that_is_not_utf8_is_named_by_its_line_and_leaves_no_partial_file(tmp_path):
+    (tmp_path / "dict.txt").write_text("ein 5\n", encoding="utf-8")
+    lines = ["ein"] * 5000 + ["K\xf6ln"]  # past the first chunk text mode decodes
+    (tmp_path / "t.src").write_bytes("\n".join(lines).encode("latin-1") + b"\n")
+    (tmp_path / "t.tgt").write_text("ein\n", encoding="utf-8")
+    proc = subprocess.run([str(BIN / "cmasd-prep"), "binarize", "--srcdict", "dict.txt", "--destdir", "out", *PAIR,
+                           "--testpref", "t"], capture_output=True, text=True, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (2, "cmasd-prep: error: t.src:5001: not UTF-8 text (invalid "
+                                                 "start byte at byte 2 of the line)\n")
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == []
 
 
 def binarizer_command(setting, workers="3"):

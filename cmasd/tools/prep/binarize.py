@@ -60,7 +60,10 @@ class Dictionary:
         self.counts = [1] * len(SPECIAL)
         self.indices = {symbol: i for i, symbol in enumerate(SPECIAL)}
         with open(path, encoding="utf-8") as handle:
-            lines = handle.readlines()
+            try:
+                lines = handle.readlines()
+            except UnicodeDecodeError:
+                raise not_utf8(path) from None
         for number, line in enumerate(lines, 1):
             fields = line.rstrip().rsplit(" ", 1)
             overwrite = len(fields) == 2 and fields[1] == OVERWRITE
@@ -108,7 +111,7 @@ def binarize_file(dictionary: Dictionary, source: str, prefix: str) -> tuple:
     replaced = 0
     with open(source, encoding="utf-8") as text, open(prefix + ".bin.tmp", "wb") as data:
         pending = array(typecode)
-        for line in text:
+        for line in utf8_lines(text, source, prefix + ".bin.tmp"):
             words = line.split()
             ids = [get(word, UNK) for word in words]
             ids.append(EOS)
@@ -124,6 +127,29 @@ def binarize_file(dictionary: Dictionary, source: str, prefix: str) -> tuple:
     os.replace(prefix + ".bin.tmp", prefix + ".bin")
     os.replace(prefix + ".idx.tmp", prefix + ".idx")
     return len(sizes), sum(sizes), replaced
+
+
+def utf8_lines(text, source: str, partial: str):
+    """The lines of ``text``; at bytes that are not UTF-8, the partial output removed and
+    an error naming the line (fairseq-preprocess stops there with a traceback)."""
+    try:
+        yield from text
+    except UnicodeDecodeError:
+        os.remove(partial)
+        raise not_utf8(source) from None
+
+
+def not_utf8(path: str) -> PrepError:
+    """The error for a file that is not UTF-8, naming its first such line (lines ending in
+    a newline; text mode also ends one at a lone carriage return)."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return PrepError(f"{path}:{number}: not UTF-8 text ({error.reason} at byte {error.start + 1} "
+                                 "of the line)")
+    return PrepError(f"{path}: not UTF-8 text")  # pragma: no cover  (a split sequence only)
 
 
 def write_index(path: str, sizes: array, dtype_code: int, itemsize: int) -> None:
