@@ -85,6 +85,10 @@ def succeeded(proc):
 
 PROBE_SENTENCES = 96
 EMPTY_AT = 5  # index of the empty source line in the probe set
+# Sentences of the probe set's head (conftest.probe_at): what a decode at batch 1 runs on.
+# Batch 1 runs a sentence at a time, so fewer sentences take the same paths; its cost is
+# the loop's per-step Python, a third of the suite's decoding time on a slow host.
+HEAD_SENTENCES = 24
 LONG = ("--min-len", "100")  # every hypothesis outgrows the first caches (about its source's length plus two blocks)
 VERY_LONG = ("--min-len", "150")  # past the autoregressive drafter's first caches too
 
@@ -181,12 +185,15 @@ def hypotheses(stdout):
 
 
 def assert_same_hypotheses(spec, greedy, sentences=PROBE_SENTENCES):
-    """The same hypotheses for ids 0 .. ``sentences`` (the probe set and its empty line),
-    token for token, scores within 1e-3."""
-    assert sorted(spec) == sorted(greedy) == list(range(sentences + 1))
-    different = [i for i in greedy if spec[i][1] != greedy[i][1]]
+    """The same hypotheses for ids 0 .. ``sentences`` (the probe set, or its head, and its
+    empty line), token for token, scores within 1e-3; ``greedy`` may hold more (the whole
+    probe set's reference for a run on its head)."""
+    ids = list(range(sentences + 1))
+    assert sorted(spec) == ids, f"hypotheses for {len(spec)} of {len(ids)} sentences"
+    assert set(ids) <= set(greedy), "the reference lacks sentences"
+    different = [i for i in ids if spec[i][1] != greedy[i][1]]
     assert not different, f"{len(different)} hypotheses differ, e.g. {different[:5]}"
-    worst = max(abs(spec[i][0] - greedy[i][0]) for i in greedy)
+    worst = max(abs(spec[i][0] - greedy[i][0]) for i in ids)
     assert worst < 1e-3, f"scores differ by up to {worst}"
 
 

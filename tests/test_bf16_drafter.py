@@ -139,17 +139,19 @@ def test_the_fused_layers_on_bfloat16_panels_score_as_layer_by_layer():
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_a_bf16_spec_drafter_is_lossless(probe, verifier, drafter, greedy, batch_size):
+def test_a_bf16_spec_drafter_is_lossless(probe_at, verifier, drafter, greedy, batch_size):
     """The tests' trained Spec-Drafter on bfloat16 weights: fairseq's greedy output."""
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-k", "6", "--spec-drafter-quantize", "bf16", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_a_bf16_draft_model_is_lossless(probe, verifier, ar_drafter, greedy, batch_size):
+def test_a_bf16_draft_model_is_lossless(probe_at, verifier, ar_drafter, greedy, batch_size):
     """The tests' trained autoregressive draft model on bfloat16 weights."""
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", ar_drafter,
                     "--drafter-kind", "autoregressive", "--spec-k", "4", "--spec-drafter-quantize", "bf16",
                     "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)

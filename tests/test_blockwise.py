@@ -97,10 +97,11 @@ def test_trained_heads_beat_a_constant_on_held_out_sentences(multi30k, verifier,
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
-def test_trained_heads_decode_as_beam1(probe, verifier, heads, greedy, batch_size):
+def test_trained_heads_decode_as_beam1(probe_at, verifier, heads, greedy, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", heads,
                     "--spec-k", str(K - 1), "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
 
 
 def test_heads_of_another_verifier_are_refused(probe, verifier, heads, tmp_path):

@@ -52,11 +52,12 @@ def test_heads_train_without_changing_the_verifier_and_beat_a_constant(multi30k,
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
-def test_specbound_with_trained_heads_equals_beam1(probe, verifier, heads, greedy, batch_size):
+def test_specbound_with_trained_heads_equals_beam1(probe_at, verifier, heads, greedy, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-kind", "specbound",
                     "--drafter-path", heads, "--specbound-tau", "0.3", "--specbound-d-max", "1",
                     "--spec-k", "8", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     assert "drafts exited at layer 1.00 of 2" in proc.stderr
 
 

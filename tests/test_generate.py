@@ -14,7 +14,9 @@ refusals and the over-long source start the program itself.
 
 The probe set is real Multi30k test text (the first sentences of test_2016_flickr, with
 one empty source line added), encoded with the data-bin's sentencepiece model and
-binarized with its dictionary.
+binarized with its dictionary. A decode at batch 1 runs on its head (``probe_at``: the
+first HEAD_SENTENCES and the empty line): a sentence at a time, the same paths for fewer
+sentences; batches of 7 and 16 decode the whole set.
 """
 
 import re
@@ -31,10 +33,11 @@ def test_greedy_reference_is_complete(greedy):
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
-def test_lossless_equals_beam1_with_trained_drafter(probe, verifier, drafter, greedy, batch_size):
+def test_lossless_equals_beam1_with_trained_drafter(probe_at, verifier, drafter, greedy, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-controller", "fixed", "--spec-k", "10", "--spec-acceptance", "exact", cli=True)
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     # statistics are logged at the end of the run; fixed k and exact acceptance never
     # read the drafter's confidence, so it is not computed
     assert "mean accepted tokens/iteration" in proc.stderr
@@ -42,53 +45,58 @@ def test_lossless_equals_beam1_with_trained_drafter(probe, verifier, drafter, gr
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
-def test_lossless_equals_beam1_with_untrained_drafter(probe, verifier, untrained_drafter, greedy, batch_size):
+def test_lossless_equals_beam1_with_untrained_drafter(probe_at, verifier, untrained_drafter, greedy, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", untrained_drafter,
                     "--spec-k", "25", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_cmasd_controller_with_exact_acceptance_is_lossless(probe, verifier, drafter, greedy, batch_size):
+def test_cmasd_controller_with_exact_acceptance_is_lossless(probe_at, verifier, drafter, greedy, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-controller", "cmasd", "--spec-k-min", "2", "--cmasd-alpha", "0.8",
                     "--cmasd-confidence", "ensemble", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     assert re.search(r"mean confidence 0\.\d{3}", proc.stderr)
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_cheaper_drafter_options_stay_lossless(probe, verifier, drafter, greedy, batch_size):
+def test_cheaper_drafter_options_stay_lossless(probe_at, verifier, drafter, greedy, batch_size):
     """An int8 drafter running a shorter block drafts differently, never wrongly."""
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-k", "6", "--spec-draft-block", "6", "--spec-drafter-quantize", "int8",
                     "--spec-acceptance", "exact", cli=True)
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     assert "quantized tensor creation" not in proc.stderr  # the deprecation note is kept out of the log
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
 @pytest.mark.parametrize("kernels", ["native", "packed"])
-def test_other_kernels_stay_lossless(probe, verifier, drafter, greedy, batch_size, kernels):
+def test_other_kernels_stay_lossless(probe_at, verifier, drafter, greedy, batch_size, kernels):
     """``--spec-kernels native``: the linear layers on torch's default kernels, as fairseq
     runs them; ``packed``: oneDNN's alone (the default on a CPU with AVX2 is gemv at a few
     rows and packed above; the tests above)."""
+    probe, sentences = probe_at(batch_size)
     from cmasd.layers.kernels import packing_available
 
     if kernels == "packed" and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-kernels", kernels, "--spec-k", "5", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_history_drafts_stay_lossless(probe, verifier, drafter, greedy, batch_size):
+def test_history_drafts_stay_lossless(probe_at, verifier, drafter, greedy, batch_size):
     """``--spec-history-ngram 2``: rows that repeat a bigram draft its earlier continuation;
     the tiny verifier repeats itself often enough for some iterations to do so."""
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-history-ngram", "2", "--spec-k", "6", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     rate = float(re.search(r"drafted from history ([0-9.]+)% of iterations", proc.stderr).group(1))
     assert rate > 0
 
@@ -110,14 +118,15 @@ def test_no_repeat_ngram_greedy_reference_blocks_repeats(greedy, greedy_no_repea
 
 @pytest.mark.parametrize("batch_size", [1, 16])
 @pytest.mark.parametrize("setup", ["spec-drafter", "history"])
-def test_no_repeat_ngram_with_exact_acceptance_equals_beam1(probe, verifier, drafter, greedy_no_repeat, setup,
+def test_no_repeat_ngram_with_exact_acceptance_equals_beam1(probe_at, verifier, drafter, greedy_no_repeat, setup,
                                                             batch_size):
     """The history drafter proposes continuations of n-grams the hypothesis already holds:
     drafts that complete a banned n-gram, inside the block too."""
+    probe, sentences = probe_at(batch_size)
     extra = ["--spec-k", "10"] if setup == "spec-drafter" else ["--spec-history-ngram", "2", "--spec-k", "6"]
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter, *extra,
                     "--spec-acceptance", "exact", "--no-repeat-ngram-size", "3")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy_no_repeat)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy_no_repeat, sentences)
 
 
 # Every drafter kind, alone and composed, through fairseq-generate: lossless at batch 1,
@@ -141,10 +150,11 @@ def drafters(drafter, ar_drafter):
 
 @pytest.mark.parametrize("batch_size", [1, 7, 16])
 @pytest.mark.parametrize("setup", sorted(DRAFTER_SETUPS))
-def test_every_drafter_kind_is_lossless(probe, verifier, drafters, greedy, setup, batch_size):
+def test_every_drafter_kind_is_lossless(probe_at, verifier, drafters, greedy, setup, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), *DRAFTER_SETUPS[setup](drafters),
                     "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     mean_k = float(re.search(r"mean k ([0-9.]+)", proc.stderr).group(1))
     assert mean_k > 0  # something was drafted (and verified)
     for lookup in ("history", "source"):
@@ -175,20 +185,22 @@ HISTORY_CONTROLLERS = {
 
 @pytest.mark.parametrize("batch_size", [1, 16])
 @pytest.mark.parametrize("setup", sorted(HISTORY_CONTROLLERS))
-def test_history_controllers_are_lossless(probe, verifier, drafters, greedy, setup, batch_size):
+def test_history_controllers_are_lossless(probe_at, verifier, drafters, greedy, setup, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), *HISTORY_CONTROLLERS[setup](drafters),
                     "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     histogram = re.search(r"k histogram \{([^}]*)\}", proc.stderr).group(1)
     assert len(histogram.split(",")) > 1  # the draft length changed along the way
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_autoregressive_drafts_past_the_first_cache_stay_lossless(probe, verifier, ar_drafter, very_long_greedy,
+def test_autoregressive_drafts_past_the_first_cache_stay_lossless(probe_at, verifier, ar_drafter, very_long_greedy,
                                                                   batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", ar_drafter,
                     "--drafter-kind", "autoregressive", "--spec-k", "5", "--spec-history-ngram", "3", *VERY_LONG)
-    assert_same_hypotheses(hypotheses(proc.stdout), very_long_greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), very_long_greedy, sentences)
 
 
 def test_lenient_autoregressive_and_cmasd_decode_every_line(probe, verifier, ar_drafter):
@@ -253,21 +265,23 @@ def test_empty_source_line_is_decoded_and_named(probe, verifier, drafter):
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_nothing_drafted_equals_beam1(probe, verifier, drafter, greedy, batch_size):
+def test_nothing_drafted_equals_beam1(probe_at, verifier, drafter, greedy, batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-k", "0", "--spec-acceptance", "exact")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     assert "mean accepted tokens/iteration 1.000" in proc.stderr
     assert "mean k 0.00" in proc.stderr
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_outputs_longer_than_the_first_cache_stay_lossless(probe, verifier, drafter, long_greedy, batch_size):
+def test_outputs_longer_than_the_first_cache_stay_lossless(probe_at, verifier, drafter, long_greedy, batch_size):
     """The caches start with room for about the source length plus two blocks and grow
     while rows run on; ``--min-len 100`` makes every hypothesis outgrow them."""
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", drafter,
                     "--spec-k", "10", "--spec-acceptance", "exact", *LONG)
-    assert_same_hypotheses(hypotheses(proc.stdout), long_greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), long_greedy, sentences)
 
 
 @pytest.mark.parametrize(

@@ -438,12 +438,13 @@ def costs_file(tmp_path_factory):
 
 @pytest.mark.parametrize("setup, batch_size", [(setup, bs) for setup in sorted(SETUPS) for bs in (1, 7, 16)
                                                 if bs != 7 or setup in ("autoregressive", "spec")])
-def test_goodput_is_lossless_with_every_drafter_kind(probe, verifier, drafter, ar_drafter, greedy, costs_file, setup,
+def test_goodput_is_lossless_with_every_drafter_kind(probe_at, verifier, drafter, ar_drafter, greedy, costs_file, setup,
                                                       batch_size):
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--spec-controller", "goodput",
                     "--spec-costs", costs_file, "--spec-acceptance", "exact",
                     *SETUPS[setup]({"spec": drafter, "ar": ar_drafter}))
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
     histogram = {int(k): int(n) for k, n in re.findall(r"(\d+): (\d+)", re.search(r"k histogram \{([^}]*)\}",
                                                                                    proc.stderr).group(1))}
     assert sum(n for k, n in histogram.items() if k > 0) > 0 and len(histogram) > 1  # k varied, drafts were sent

@@ -341,13 +341,14 @@ def test_shortlisted_drafters_decode_as_fairseq_greedy(kind):
 
 
 @pytest.mark.parametrize("batch_size", [1, 16])
-def test_a_shortlisted_draft_model_is_lossless(probe, verifier, ar_drafter, greedy, batch_size):
+def test_a_shortlisted_draft_model_is_lossless(probe_at, verifier, ar_drafter, greedy, batch_size):
     """The tiny draft model trained on Multi30k, drafting among 100 of its 1,000 pieces:
     fairseq's greedy output, token for token."""
+    probe, sentences = probe_at(batch_size)
     proc = generate(probe, verifier, "--batch-size", str(batch_size), "--drafter-path", ar_drafter,
                     "--drafter-kind", "autoregressive", "--spec-k", "4", "--spec-acceptance", "exact",
                     "--spec-draft-shortlist", "100")
-    assert_same_hypotheses(hypotheses(proc.stdout), greedy)
+    assert_same_hypotheses(hypotheses(proc.stdout), greedy, sentences)
 
 
 def test_a_shortlisted_spec_drafter_is_lossless(probe, verifier, drafter, greedy):
