@@ -86,8 +86,8 @@ def succeeded(proc):
 PROBE_SENTENCES = 96
 EMPTY_AT = 5  # index of the empty source line in the probe set
 # Sentences of the probe set's head (conftest.probe_at): what a decode at batch 1 runs on.
-# Batch 1 runs a sentence at a time, so fewer sentences take the same paths; its cost is
-# the loop's per-step Python, a third of the suite's decoding time on a slow host.
+# Batch 1 runs a sentence at a time, so fewer sentences take the same paths; the whole set
+# at batch 1 took 841 of the suite's 4,948 worker-seconds on the Zen 1 host (docs/results/tests.md).
 HEAD_SENTENCES = 24
 LONG = ("--min-len", "100")  # every hypothesis outgrows the first caches (about its source's length plus two blocks)
 VERY_LONG = ("--min-len", "150")  # past the autoregressive drafter's first caches too
