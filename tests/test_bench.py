@@ -265,7 +265,7 @@ def ct2_verifier(verifier, tmp_path_factory):
 
 def ct2_bench(multi30k, checkpoint, out, configs="greedy,ct2-greedy,ct2-greedy-1t,ct2-greedy-int8", batch_sizes="1,4"):
     """cmasd-bench on one thread: CTranslate2 on two, beside the other test worker's
-    process on the two cores, ran these tests 2-4x slower than alone."""
+    process on the two cores, the first of these tests took 49 and 85 s in two runs, 19 s alone."""
     run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", configs,
          "--max-sentences", "12", "--batch-sizes", batch_sizes, "--repeats", "1", "--warmup", "0", "--threads", "1",
          "--out-dir", out])
