@@ -24,7 +24,7 @@ from filelock import FileLock
 import fairseq_plugins  # noqa: F401  (as --user-dir does: models built in tests get its fairseq 0.12.2 fixes)
 from helpers import (  # noqa: F401  (tests import these from conftest too)
     BIN, EMPTY_AT, HEAD_SENTENCES, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, generate, hypotheses, mirror_dir,
-    mirror_missing, raw_pairs, run, tool_env, VERY_LONG, LM_TRAIN_LINES, TINIER_LM, TINY_LM, train_lm)
+    mirror_missing, probe_set, raw_pairs, run, tool_env, VERY_LONG, LM_TRAIN_LINES, TINIER_LM, TINY_LM, train_lm)
 
 # Two pytest-xdist workers share the two cores: one torch thread each, as tool_env gives the
 # commands the tests start (two OpenMP threads per process made in-process speculative
@@ -205,13 +205,7 @@ def probe(multi30k, artifacts):
     """The first PROBE_SENTENCES pairs of Multi30k's test_2016_flickr, with one empty
     source line added at EMPTY_AT, encoded with the data-bin's sentencepiece model and
     binarized with its dictionary."""
-
-    def build(dest):
-        pairs = raw_pairs(multi30k, PROBE_SENTENCES)
-        pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
-        binarize(multi30k, dest / "bin", pairs)
-
-    return artifacts.get("probe", build) / "bin"
+    return artifacts.get("probe", probe_set(multi30k, PROBE_SENTENCES)) / "bin"
 
 
 @pytest.fixture(scope="session")
@@ -221,12 +215,7 @@ def probe_at(probe, multi30k, artifacts):
     pairs (the empty line among them: the same ids, so the whole set's references serve);
     above, the whole probe set, whose batches hold rows of many lengths."""
 
-    def build(dest):
-        pairs = raw_pairs(multi30k, HEAD_SENTENCES)
-        pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
-        binarize(multi30k, dest / "bin", pairs)
-
-    head = artifacts.get("probe-head", build) / "bin"
+    head = artifacts.get("probe-head", probe_set(multi30k, HEAD_SENTENCES)) / "bin"
     return lambda batch_size: (head, HEAD_SENTENCES) if batch_size == 1 else (probe, PROBE_SENTENCES)
 
 

@@ -207,6 +207,19 @@ def last_line(proc, prog="fairseq-generate"):
     return line
 
 
+def probe_set(data, sentences):
+    """``build(dest)`` for an artifact: the first ``sentences`` pairs of data-bin ``data``'s
+    test text with an empty source line inserted at EMPTY_AT, binarized in ``dest``/bin
+    (the probe set and its heads share their ids)."""
+
+    def build(dest):
+        pairs = raw_pairs(data, sentences)
+        pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
+        binarize(data, dest / "bin", pairs)
+
+    return build
+
+
 def binarize(data, dest, pairs):
     """Binarize (source, target) raw text pairs as the ``test`` split of ``dest`` with
     the sentencepiece model and dictionary of data-bin ``data``."""

@@ -26,7 +26,7 @@ import itertools
 
 import pytest
 import torch
-from helpers import (EMPTY_AT, PLUGINS, assert_same_hypotheses, binarize, generate, hypotheses, raw_pairs, tiny_dictionary,
+from helpers import (PLUGINS, assert_same_hypotheses, generate, hypotheses, probe_set, tiny_dictionary,
                      tiny_transformer)
 
 SMALL = 16  # probe sentences decoded here (and the empty line)
@@ -59,12 +59,7 @@ def needs(dtype):
 def small_probe(multi30k, artifacts):
     """The first SMALL probe pairs with the empty source line at EMPTY_AT, binarized."""
 
-    def build(dest):
-        pairs = raw_pairs(multi30k, SMALL)
-        pairs.insert(EMPTY_AT, ("", pairs[EMPTY_AT][1]))
-        binarize(multi30k, dest / "bin", pairs)
-
-    return artifacts.get("probe-small", build) / "bin"
+    return artifacts.get("probe-small", probe_set(multi30k, SMALL)) / "bin"
 
 
 @pytest.fixture(scope="module")
