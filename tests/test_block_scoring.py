@@ -157,9 +157,10 @@ def test_a_grown_cache_scores_as_a_large_one():
 
 
 def test_dropping_rows_copies_one_layer_at_a_time():
-    """Dropping finished rows replaces each layer's keys and values before copying the
-    next, so the copy never holds two whole caches (at 16 rows of 1,000 source tokens the
-    encoder keys alone are 197 MB); the rows kept are the rows asked for, in order."""
+    """Where the rows cannot move in place (here a swap), dropping finished rows replaces each
+    layer's keys and values before copying the next, so the copy never holds two whole caches
+    (at 16 rows of 1,000 source tokens the encoder keys alone are 197 MB); the rows kept are
+    the rows asked for, in order."""
     layers, alive, old = 3, [], []
 
     class Watched(torch.Tensor):
@@ -171,16 +172,63 @@ def test_dropping_rows_copies_one_layer_at_a_time():
 
     torch.manual_seed(5)
     cross = [tuple(torch.randn(4, 2, 7, 3).as_subclass(Watched) for _ in range(2)) for _ in range(layers)]
-    expected = [tuple(t.as_subclass(torch.Tensor)[[3, 1]] for t in pair) for pair in cross]
+    expected = [tuple(t.as_subclass(torch.Tensor)[[1, 0]] for t in pair) for pair in cross]
     old.extend(weakref.ref(t) for pair in cross for t in pair)
     cache = VerifierCache(kv=[torch.zeros(4, 4, 5, 3) for _ in range(layers)], cross=cross, cross_bias=None)
     del cross
-    kept = cache.select(torch.tensor([3, 1]))
+    kept = cache.select(torch.tensor([1, 0]))
     assert alive == [6, 6, 4, 4, 2, 2]  # before: 6 each time, the old cache's lists held every layer
     assert all(ref() is None for ref in old)
     for (k, v), (k0, v0) in zip(kept.cross, expected):
         assert torch.equal(k.as_subclass(torch.Tensor), k0) and torch.equal(v.as_subclass(torch.Tensor), v0)
     assert [kv.size(0) for kv in kept.kv] == [2] * layers
+
+
+needs_extension = pytest.mark.skipif(extension.load()[0] is None, reason="the C++ extension is unavailable")
+
+
+@needs_extension
+def test_dropping_rows_moves_the_kept_ones_down_in_place():
+    """With the extension loaded and the rows ascending (the loop's), the kept rows move down
+    in each tensor's own memory: the same values as index_select, no new tensor, rows before
+    the first dropped one untouched, a tensor listed twice moved once."""
+    torch.manual_seed(6)
+    kv = [torch.randn(5, 4, 6, 3) for _ in range(2)]
+    shared = torch.randn(5, 2, 0, 3)  # a language model's empty encoder keys, one tensor for both
+    cross = [(torch.randn(5, 2, 7, 3), torch.randn(5, 2, 7, 3)), (shared, shared)]
+    rows = torch.tensor([0, 2, 4])
+    expected_kv = [t[rows] for t in kv]
+    expected_cross = [tuple(t[rows] for t in pair) for pair in cross]
+    memory = [t.data_ptr() for t in kv]
+    kept = VerifierCache(kv=list(kv), cross=list(cross), cross_bias=torch.zeros(5, 1, 1, 7)).select(rows)
+    assert [t.data_ptr() for t in kept.kv] == memory  # in place
+    for got, want in zip(kept.kv, expected_kv):
+        assert torch.equal(got, want) and got.is_contiguous()
+    for got, want in zip(kept.cross, expected_cross):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert kept.cross_bias.shape == (3, 1, 1, 7)
+    again = kept.select(torch.tensor([1]))  # and again, on the first rows
+    assert torch.equal(again.kv[0], expected_kv[0][[1]])
+
+
+@needs_extension
+def test_compact_rows_refuses_what_it_cannot_move_in_place():
+    """Rows whose source an earlier move overwrote (a swap), repeated or out of range,
+    non-contiguous or overlapping tensors: False and nothing moved (keep_rows then copies
+    with index_select); every order whose moves read rows not yet written is done in place."""
+    module = extension.load()[0]
+    x = torch.arange(24.0).view(6, 4)
+    before = x.clone()
+    for rows in ([1, 0], [0, 2, 1], [1, 1], [0, 6], [-1, 2]):
+        assert not module.compact_rows([x], torch.tensor(rows)), rows
+    assert not module.compact_rows([x.t()], torch.tensor([0, 1]))
+    assert not module.compact_rows([x, x[1:]], torch.tensor([0, 1]))
+    assert not module.compact_rows([x], torch.tensor([0.0, 1.0]))
+    assert torch.equal(x, before)
+    assert module.compact_rows([x, x], torch.tensor([1, 3, 5])) and torch.equal(x[:3], before[[1, 3, 5]])
+    x = before.clone()
+    assert module.compact_rows([x], torch.tensor([0, 5, 2, 4])) and torch.equal(x[:4], before[[0, 5, 2, 4]])
+    assert module.compact_rows([x], torch.tensor([], dtype=torch.long))  # nothing kept: nothing to move
 
 
 @pytest.mark.parametrize("variant", ["pre-norm"] + sorted(VARIANTS))

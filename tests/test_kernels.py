@@ -360,3 +360,67 @@ def test_shared_linears_never_mistake_a_temporary_weight_for_another():
         for i in range(200):
             layer = prepared_linear(base * i, None, "native")  # the product is freed after the call
             torch.testing.assert_close(layer(x), torch.full((3, 4), 8.0 * i))
+
+
+def top1_cases(generator):
+    """Rows of many kinds, with what ``torch.topk(row, 2)`` gives first in each: widths
+    around the vector lengths (8, 32) and the vocabulary's, unique maxima, ties (bfloat16's
+    rounding, small integers), NaN, -inf and rows of -inf alone."""
+    for width in (1, 2, 7, 8, 9, 31, 32, 33, 100, 8000):
+        for kind in ("random", "rounded", "integers", "nan", "half -inf", "all -inf", "last"):
+            x = torch.randn(5, width, generator=generator)
+            if kind == "rounded":
+                x = x.to(torch.bfloat16).float().clamp(max=0.25)  # several equal largest values a row
+            elif kind == "integers":
+                x = torch.randint(0, 3, (5, width), generator=generator).float()
+            elif kind == "nan":
+                x[1, torch.randint(0, width, (1,), generator=generator)] = math.nan
+            elif kind == "half -inf":
+                x[:, : width // 2] = -math.inf
+            elif kind == "all -inf":
+                x[:] = -math.inf
+            elif kind == "last":
+                x[:, -1] = 10.0  # the largest in the scalar tail
+            yield f"{kind}, width {width}", x
+
+
+@needs_gemv
+def test_top1_gives_what_topk_gives_first_in_every_row():
+    """The extension's ``top1`` against ``torch.topk(x, 2).indices[..., 0]``, fairseq's choice
+    at ``--beam 1``, on every kind of row (where the largest value is not unique or a NaN is
+    present the row goes to topk itself, whose order among equals is not the first
+    index's); leading dimensions are kept."""
+    module = extension.load()[0]
+    generator = torch.Generator().manual_seed(0)
+    for name, x in top1_cases(generator):
+        assert torch.equal(module.top1(x), x.topk(min(2, x.size(-1)), dim=-1).indices[..., 0]), name
+    x = torch.randn(2, 3, 4, 8000, generator=generator).log_softmax(-1)
+    assert torch.equal(module.top1(x), x.topk(2, dim=-1).indices[..., 0])
+    assert module.top1(x[:, :, 1]).shape == (2, 3)  # a strided view: made contiguous first
+
+
+@needs_gemv
+def test_greedy_choice_takes_the_extension_once_loaded(monkeypatch):
+    """``acceptance.top1`` uses the extension where the process has loaded it, and topk where
+    it has not (a generator on native kernels builds nothing for it), or where the values
+    are not float32: the same tokens either way."""
+    from cmasd.verification import acceptance
+
+    module = extension.load()[0]
+    calls = []
+    spy = type("Spy", (), {"top1": lambda self, x: calls.append(x.shape) or module.top1(x)})()
+    x = torch.randn(3, 5, 100).to(torch.bfloat16).float()  # ties in many rows
+    reference = x.topk(2, dim=-1).indices[..., 0]
+    monkeypatch.setattr(extension, "loaded", lambda: spy)
+    assert torch.equal(acceptance.top1(x), reference) and calls == [(3, 5, 100)]
+    assert torch.equal(acceptance.top1(x.double()), reference) and len(calls) == 1
+    monkeypatch.setattr(extension, "loaded", lambda: None)
+    assert torch.equal(acceptance.top1(x), reference) and len(calls) == 1
+
+
+@needs_gemv
+def test_top1_refuses_what_it_cannot_read():
+    module = extension.load()[0]
+    for bad in (torch.zeros(3, 0), torch.zeros(3, 4, dtype=torch.float64), torch.tensor(1.0)):
+        with pytest.raises(RuntimeError, match=r"top1: float32 values \(\.\.\., V\) on CPU, V > 0"):
+            module.top1(bad)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 from helpers import source_batch, tiny_drafter
 
-from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
+from cmasd.decoding.generator import LengthRules, SpeculativeGenerator, refilled
 from cmasd.drafters.ngram import HistoryNgram
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.base import Controller, Needs, RowState
@@ -121,3 +121,12 @@ def test_the_parts_are_timed_where_it_costs_nothing_and_as_asked(monkeypatch):
     assert gen.clock(on_gpu) is generator_module.now
     gen.time_parts = None
     assert gen.clock(torch.empty(0)) is generator_module.now and gen.clock(on_gpu) is generator_module.untimed
+
+
+def test_finished_rows_are_refilled_from_above():
+    """The rows that go on: those below their count stay, each finished one below it takes
+    the next row above that goes on; the same indices on the device and the host."""
+    for ended, expected in (([0, 1, 0, 0, 1, 0], [0, 5, 2, 3]), ([1, 1, 0, 0], [2, 3]),
+                            ([0, 0, 1, 1], [0, 1]), ([1, 0, 0], [2, 1]), ([0, 1], [0]), ([1, 0, 1, 0, 0], [3, 1, 4])):
+        order, host = refilled(torch.tensor(ended, dtype=torch.bool), ended, len(ended) - sum(ended))
+        assert host == expected and order.tolist() == expected, ended

@@ -311,9 +311,9 @@ class SpeculativeGenerator:
                 finished[rows[row]] = [self.hypothesis(state, row, lengths[row], steps[row])]
         if not kept:  # the batch is done: nothing to keep (selecting every cache down to 0 rows cost a copy each)
             return replace(state, rows=state.rows[:0])
-        if len(kept) < bsz:  # the rows that go on, in order (a stable sort: no copy from the host, which would wait)
-            state, heard = replace(state, **heard).select(torch.sort(done.long(), stable=True).indices[: len(kept)],
-                                                          kept), {}
+        if len(kept) < bsz:  # the rows that go on: each finished row below their count refilled from above it
+            order, host = refilled(done, ended, len(kept))
+            state, heard = replace(state, **heard).select(order, host), {}
         controller = heard.get("controller", state.controller)
         # (one ``replace`` for all: at batch 1 each costs a few microseconds of an iteration's 500 or so)
         return self.reserve(replace(state, shortest=bounds[0], longest=bounds[1], **heard,
@@ -581,6 +581,27 @@ class SpeculativeGenerator:
             "positional_scores": positional.clone(),
             "steps": steps,
         }
+
+
+def refilled(done: Tensor, ended: List[int], n: int) -> Tuple[Tensor, List[int]]:
+    """The rows that go on after an iteration whose finished rows are ``done`` (B,) bool
+    (``ended``: the same, read on the host), ``n`` of them, as the index of each in the old
+    batch, on the device (n,) and on the host: the rows below n that go on stay where they
+    are, and each finished row below n takes the next row above n that goes on. A row's place
+    in the batch changes nothing of its arithmetic (its results do not depend on the rows
+    beside it); the caches move one row a finished row (``keep_rows``, in place where it
+    can), where keeping the order moved every row after the first finished one. Made on the
+    device (a stable sort, no copy from the host, which would wait)."""
+    holes = [row for row in range(n) if ended[row]]
+    host = list(range(n))
+    for hole, row in zip(holes, (row for row in range(n, len(ended)) if not ended[row])):
+        host[hole] = row
+    if not holes:  # the rows that finished were the last ones: the first n go on as they are
+        return torch.arange(n, device=done.device), host
+    front = done[:n]  # (n,) the finished rows below n
+    above = n + torch.sort(done[n:].long(), stable=True).indices  # (B - n,) the rows above n that go on, first
+    rank = (front.long().cumsum(0) - 1).clamp(min=0)  # (n,) each finished row's place among them
+    return torch.where(front, above[rank], torch.arange(n, device=done.device)), host
 
 
 def ended_at_eos(prompts: Tensor, eos: int, pad: int) -> Tensor:

@@ -8,8 +8,9 @@ after a rejection is setting the row's length: entries past it are never attende
 and are simply overwritten by the next block, so rollback copies nothing.
 
 The capacity starts near the expected length and grows on demand (``grow``): dropping
-finished rows copies every layer's cache, so a cache sized for fairseq's longest
-output (``max_len_b`` 200) would make each of those copies several times dearer.
+finished rows moves rows of every layer's cache (``keep_rows``), so a cache sized for
+fairseq's longest output (``max_len_b`` 200) would make each of those moves several times
+dearer.
 """
 
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from cmasd.core.drafting import LowerLayers
+from cmasd.layers import extension
 from cmasd.layers.prepared import DecodingDecoder
 from cmasd.layers.transformer import Ragged, encoder_states
 
@@ -56,11 +58,27 @@ class VerifierCache:
 
 def keep_rows(layers: List, rows: Tensor) -> List:
     """``layers`` (a list of one tensor, or one tuple of tensors, per layer, batch first) with
-    only ``rows`` kept: replaced in place, one layer at a time, and returned. Each layer's old
-    tensors are freed before the next layer is copied, so dropping finished rows holds one
-    layer twice, not the whole cache: at 16 rows of 1,000 source tokens a 6-layer 256-wide
-    decoder's encoder keys and values are 197 MB. The cache these lists belong to must not be
-    used again."""
+    only ``rows`` kept: replaced in place, one layer at a time, and returned. The cache these
+    lists belong to must not be used again.
+
+    On a CPU where the C++ extension is loaded (``extension.loaded``) and ``rows`` ascend (the
+    loop's rows that go on, in order), the kept rows move down in each tensor's own memory
+    (``compact_rows``: only the rows after the first dropped one move) and the lists hold the
+    tensors' first rows: no new memory, about half the copying of a new tensor each, and the
+    same values. Elsewhere each layer is copied (``index_select``) and its old tensors freed
+    before the next layer is, so dropping finished rows holds one layer twice, not the whole
+    cache: at 16 rows of 1,000 source tokens a 6-layer 256-wide decoder's encoder keys and
+    values are 197 MB."""
+    module = extension.loaded()
+    if module is not None and rows.device.type == "cpu":
+        tensors = [t for layer in layers for t in (layer if isinstance(layer, tuple) else (layer,))]
+        moved = module.compact_rows(tensors, rows)
+        del tensors  # else the copies below would hold every old layer
+        if moved:
+            n = rows.numel()
+            for index, layer in enumerate(layers):
+                layers[index] = tuple(t[:n] for t in layer) if isinstance(layer, tuple) else layer[:n]
+            return layers
     for index, layer in enumerate(layers):
         layers[index] = (tuple(t.index_select(0, rows) for t in layer) if isinstance(layer, tuple)
                          else layer.index_select(0, rows))

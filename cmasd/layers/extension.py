@@ -1,7 +1,8 @@
 """The ``gemv`` and ``bf16`` kernels' C++ extension: ``csrc/decoding.cpp`` (``pack_panels``
 and ``panel_linear``, the linear layer for a few rows on weights packed once, in float32 or
 bfloat16; ``FusedDecoder``, a decoder's layers in one call; ``embed_rows``, a decoder's plain
-input), compiled on first use.
+input; ``top1``, the greedy token of each row of a verifier's log-probabilities), compiled on
+first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
@@ -21,7 +22,7 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
-NAME = "cmasd_decoding_v7"  # a new name when the source's interface changes
+NAME = "cmasd_decoding_v8"  # a new name when the source's interface changes
 
 
 def cpu_obstacle() -> Optional[str]:
@@ -73,6 +74,16 @@ def compile_and_load(verbose: bool = False) -> Any:
         return cpp_extension.load(**build_arguments(verbose))
 
 
+_LOADED: Optional[Any] = None  # the module, once ``load`` has loaded it in this process
+
+
+def loaded() -> Optional[Any]:
+    """The extension module where this process has loaded it already (``load``: a
+    generator on the ``gemv`` or ``bf16`` kernels), else None; never a build. For the
+    kernels whose fallback gives the same results (``top1``)."""
+    return _LOADED
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> Tuple[Optional[Any], Optional[str]]:
     """``(the extension module, None)``, or ``(None, why it is unavailable)``; built once
@@ -86,4 +97,6 @@ def load() -> Tuple[Optional[Any], Optional[str]]:
         module = compile_and_load()
     except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
         return None, f"building {os.path.basename(SOURCE)} failed: {type(e).__name__}: {str(e).strip()[-500:]}"
+    global _LOADED
+    _LOADED = module
     return module, None

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from cmasd.core.verifying import AcceptanceRule, Needs, Proposal, Verdict
 from cmasd.errors import UsageError
+from cmasd.layers import extension
 from cmasd.verification.base import leading_accepted
 from cmasd.verification.rejection import SAMPLING_RULES
 
@@ -33,7 +34,15 @@ def top1(verifier_lprobs: Tensor) -> Tensor:
     greedy steps on the tests' probe set in bfloat16, 9 of 5,550 in float16); the same
     call on the same row breaks them as fairseq does. (fairseq adds the hypothesis's
     score so far first, in float32: a tie that addition makes of two values closer than
-    its rounding is not reproduced; none occurred there.)"""
+    its rounding is not reproduced; none occurred there.) Float32 values on a CPU go to the
+    C++ extension's ``top1`` where this process has loaded it (``extension.loaded``): the
+    same index, found in two passes over a row where its largest value is unique and by
+    ``torch.topk`` on the row where it is not (a 5-position block at batch 1: 77 us of
+    ``topk``; docs/results/kernels.md)."""
+    module = extension.loaded()
+    if (module is not None and verifier_lprobs.dtype == torch.float32 and verifier_lprobs.device.type == "cpu"
+            and verifier_lprobs.numel() > 0):
+        return module.top1(verifier_lprobs)
     return verifier_lprobs.topk(min(2, verifier_lprobs.size(-1)), dim=-1).indices[..., 0]
 
 
