@@ -33,6 +33,7 @@ from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification import goodput as goodput_module
 from cmasd.verification.goodput import Goodput, plan_lengths, plan_seconds
+from cmasd.verification.verdict import MINIMUM, Verdict
 
 K = 6
 
@@ -336,6 +337,64 @@ def test_an_iteration_said_to_idle_next_plans_nothing(correction, monkeypatch):
     assert resumed == (correction == "timing")
 
 
+def test_a_verdict_compares_tokens_per_second_of_the_two_kinds_by_row_count():
+    """Idle until each kind was seen MINIMUM times; then drafting's tokens per second (a
+    ratio of averages, not an average of ratios) against idle ones', for that row count only."""
+    verdict = Verdict()
+    for _ in range(MINIMUM):
+        verdict.record(16, False, tokens=16, seconds=1.0)  # 16 tokens a second
+        assert not verdict.idles(16)
+    for i in range(MINIMUM):
+        assert not verdict.idles(16)  # drafting not yet seen MINIMUM times
+        # alternately 1 and 40 tokens in 1 second: 20.5 a second on average, although the
+        # per-iteration rates' log-average (sqrt(40), 6.3) is below the idle rate
+        verdict.record(16, True, tokens=1.0 if i % 2 else 40.0, seconds=1.0)
+    assert not verdict.idles(16) and verdict.rate(16, True) > verdict.rate(16, False)
+    for _ in range(4 * MINIMUM):
+        verdict.record(17, True, tokens=8.0, seconds=1.0)  # 17 rows: the bucket of 16-31
+    assert verdict.idles(16) and verdict.idles(31) and not verdict.idles(15) and not verdict.idles(32)
+
+
+def run_judged(verdict: str, clock_factors, rows: int, monkeypatch):
+    """Draft lengths sent by goodput on a table where drafting pays, every draft accepted,
+    the i-th iteration's drafting taking ``clock_factors[i]`` times what the table says, after
+    MINIMUM idle iterations timed as the table says (``--goodput-correction none``: the
+    plans are the table's but for the verdict)."""
+    costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
+    goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=4, limit=None, costs=costs, verdict=verdict)
+    clock = FakeClock(goodput, drafting=1.0)
+    monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
+    idle = goodput.start(rows, torch.device("cpu"))
+    idle = replace(idle, planned=np.zeros(rows, dtype=np.int64), drafts=False)
+    seconds = plan_seconds(idle.planned, costs, K)
+    for i in range(MINIMUM):
+        goodput.time(replace(idle, clock=float(i)), float(i) + seconds, rows)
+    state, sent = goodput.start(rows, torch.device("cpu")), []
+    for factor in clock_factors:
+        clock.drafting, clock.state = factor, state
+        sent.append(state.plan.tolist())
+        state = goodput.observe(state, state.plan, state.plan)
+    return np.array(sent)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_the_measured_verdict_idles_where_drafting_gains_fewer_tokens_a_second(rows, monkeypatch):
+    """Drafting as fast as the table says: the verdict changes no plan. Twenty times as slow
+    (K + 1 tokens a row in more than the seconds of K + 1 idle iterations): idle but for
+    probes, where the plans alone keep drafting; and when probes find drafting fast again,
+    drafting resumes."""
+    fast = run_judged("measured", [1.0] * 40, rows, monkeypatch)
+    assert (fast == run_judged("none", [1.0] * 40, rows, monkeypatch)).all() and (fast > 0).all()
+    slow = [20.0] * 60
+    assert (run_judged("none", slow, rows, monkeypatch) > 0).all()
+    judged = run_judged("measured", slow, rows, monkeypatch)
+    assert (judged[:MINIMUM] > 0).all() and (judged[-30:].max(axis=1) == 0).mean() >= 0.9
+    recovered = run_judged("measured", [20.0] * 20 + [1.0] * 200, rows, monkeypatch)
+    # idle from the verdict on but for probes (at multiples of their doubling period)
+    assert (recovered[:MINIMUM] > 0).all() and (recovered[MINIMUM + 1 : 20].max(axis=1) == 0).mean() >= 0.7
+    assert (recovered[-20:] > 0).all()
+
+
 def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_halve(monkeypatch):
     costs = table(draft_ms=0.05, verify_ms=(1.0, 0.1))
     goodput = Goodput(K, prior=0.6, memory=0.7, probe_every=1000, limit=None, costs=costs)
@@ -361,6 +420,8 @@ def test_the_controller_refuses_what_it_cannot_plan_with():
         Goodput(K, prior=0.5, memory=1.0, probe_every=3, limit=None)
     with pytest.raises(UsageError, match="--goodput-correction: choose from timing, none, got 'clock'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, correction="clock")
+    with pytest.raises(UsageError, match="--goodput-verdict: choose from measured, none, got 'guess'"):
+        Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, verdict="guess")
     with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):
         Goodput(8, prior=0.5, memory=0.5, probe_every=3, limit=None).use_costs(table(draft_ms=0.1))
 

@@ -96,6 +96,14 @@ per row and for a batch's pass, every iteration:
   planned shorter drafts than the rows' own estimates deserved (the rows planned short are
   those whose estimate had fallen) and ran 0.95x this one's speed at batch 1. ``none``: the
   table alone, so that a given table gives the same plans (tests).
+* **The verdict** (``--goodput-verdict measured``, the default; ``cmasd.verification.verdict``).
+  The plans and the correction model an iteration; the tokens per second it gains are
+  measured. For each power of two of rows active the controller keeps moving averages of
+  the tokens gained and the seconds taken by idle and by drafting iterations, and where the
+  drafting ones have gained fewer tokens per second (each kind seen ``verdict.MINIMUM``
+  times) it plans nothing but probes there, which keep the drafting average current. At
+  batch 16 on Multi30k the plans drafted now and then and ran slower than either drafting
+  nothing or drafting every iteration: switching costs what the model leaves out.
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
@@ -120,6 +128,7 @@ from cmasd.core.drafting import Draft
 from cmasd.core.verifying import Controller, RowState
 from cmasd.errors import UsageError
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
+from cmasd.verification.verdict import Verdict
 
 PRIOR_WEIGHT = 2.0  # drafts' worth of evidence --goodput-prior counts for at a row's start
 LEARNED_WEIGHT = 10.0  # and a learnt prior (the pooled acceptance of many rows: a row's own first drafts say less)
@@ -128,6 +137,7 @@ TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is cli
 ROW_BUCKETS = 8  # the corrections' row counts: 1, 2-3, 4-7, ..., 128 and more
 TIMING_MIN = 8  # iterations of each kind timed at a row count before its correction applies
 CORRECTIONS = ("timing", "none")
+VERDICTS = ("measured", "none")
 STARTS = ("learned", "prior")
 POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
 POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
@@ -172,6 +182,12 @@ class GoodputOptions:
                   "the row's acceptance; positional: the row's acceptance scaled by each draft position's, pooled over "
                   "rows (a draft model's first drafts are accepted more often than its later ones)",
                   "choices": ACCEPTANCE_MODELS},
+    )
+    goodput_verdict: str = field(
+        default="measured",
+        metadata={"help": "goodput: measured: where the iterations that drafted have gained fewer tokens per second than "
+                  "those that did not (moving averages, for each power of two of rows active), plan nothing there but "
+                  "probes (cmasd.verification.verdict); none: the plans alone", "choices": VERDICTS},
     )
     goodput_start: str = field(
         default="learned",
@@ -295,7 +311,7 @@ class Goodput(Controller):
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
                  costs: Optional[Costs] = None, correction: str = "none", start: str = "prior",
-                 acceptance: str = "geometric"):
+                 acceptance: str = "geometric", verdict: str = "none"):
         within("--spec-k-max", k_max, 1, limit)
         if not 0.0 < prior < 1.0:
             raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
@@ -307,12 +323,16 @@ class Goodput(Controller):
             raise UsageError(f"--goodput-correction: choose from {', '.join(CORRECTIONS)}, got {correction!r}")
         if start not in STARTS:
             raise UsageError(f"--goodput-start: choose from {', '.join(STARTS)}, got {start!r}")
+        if verdict not in VERDICTS:
+            raise UsageError(f"--goodput-verdict: choose from {', '.join(VERDICTS)}, got {verdict!r}")
         if acceptance not in ACCEPTANCE_MODELS:
             raise UsageError(f"--goodput-acceptance: choose from {', '.join(ACCEPTANCE_MODELS)}, got {acceptance!r}")
         self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
         self.horizon = k_max
         self.costs = costs
         self.correction, self.start_from = correction, start
+        # measured tokens per second of idle and drafting iterations (None: the plans alone)
+        self.verdict = Verdict() if verdict == "measured" else None
         self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
         self.positional = acceptance == "positional"
         self.reached = np.zeros(k_max)  # decayed drafts that reached each position (all before them accepted)
@@ -335,7 +355,7 @@ class Goodput(Controller):
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
         goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit,
                       correction=cfg.goodput_correction, start=cfg.goodput_start,
-                      acceptance=cfg.goodput_acceptance)
+                      acceptance=cfg.goodput_acceptance, verdict=cfg.goodput_verdict)
         if cfg.spec_costs:
             goodput.use_costs(Costs.load(cfg.spec_costs))
         return goodput
@@ -360,11 +380,16 @@ class Goodput(Controller):
             return 1.0
         return math.exp(self.log_ratio[b][1] - self.log_ratio[b][0])
 
-    def time(self, state: "GoodputState", now: float) -> bool:
-        """Fold the iteration that ended at ``now`` (planned in ``state``) into the timing
-        corrections. Whether it completed the idle timing of its row count (the plan is
-        then made again: the correction applies from now on)."""
-        if self.correction != "timing" or state.clock is None or state.predicted <= 0.0:
+    def time(self, state: "GoodputState", now: float, tokens: float = 0.0) -> bool:
+        """Fold the iteration that ended at ``now`` (planned in ``state``), in which the
+        rows gained ``tokens`` tokens, into the verdict and the timing corrections. Whether
+        it completed the idle timing of its row count (the plan is then made again: the
+        correction applies from now on)."""
+        if state.clock is None:
+            return False
+        if self.verdict is not None:
+            self.verdict.record(len(state.planned), state.drafts, tokens, now - state.clock)
+        if self.correction != "timing" or state.predicted <= 0.0:
             return False
         ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
         kind = int(state.drafts)  # whether a draft pass ran
@@ -381,16 +406,25 @@ class Goodput(Controller):
         b = bucket(rows)
         return self.correction == "timing" and self.timed[b][1] >= TIMING_MIN > self.timed[b][0]
 
-    def plan(self, acceptance: np.ndarray) -> np.ndarray:
-        """Draft lengths (B,) for rows of acceptance estimates (B,). A row alone is planned
-        in plain Python (``plan_one``): at batch 1 an iteration costs about a millisecond,
-        and numpy's calls on one-element arrays would be a tenth of it."""
+    def judged_idle(self, rows: int, probing: bool) -> bool:
+        """Whether ``rows`` rows plan nothing whatever their acceptance: to time idle
+        iterations (``timing_idle``), or, but for a probe, where drafting iterations have
+        gained fewer tokens per second than idle ones (``--goodput-verdict measured``)."""
+        if self.timing_idle(rows):
+            return True
+        return not probing and self.verdict is not None and self.verdict.idles(rows)
+
+    def plan(self, acceptance: np.ndarray, probing: bool = False) -> np.ndarray:
+        """Draft lengths (B,) for rows of acceptance estimates (B,) (``probing``: for the
+        rows' probes, which the verdict does not stop). A row alone is planned in plain
+        Python (``plan_one``): at batch 1 an iteration costs about a millisecond, and
+        numpy's calls on one-element arrays would be a tenth of it."""
         if self.costs is None:
             raise RuntimeError("the goodput controller has no cost table: use_costs() first")
         if len(acceptance) == 1:
-            return np.array([self.plan_row(float(acceptance[0]))], dtype=np.int64)
+            return np.array([self.plan_row(float(acceptance[0]), probing)], dtype=np.int64)
         rows = len(acceptance)
-        if self.timing_idle(rows):
+        if self.judged_idle(rows, probing):
             return np.zeros(rows, dtype=np.int64)
         drafting, top = self.drafting(rows), float(acceptance.max())
         bound = self.idle_below.get(rows)
@@ -404,10 +438,10 @@ class Goodput(Controller):
             self.idle_below[rows] = (top, lower if held else drafting)
         return lengths
 
-    def plan_row(self, acceptance: float) -> int:
+    def plan_row(self, acceptance: float, probing: bool = False) -> int:
         """``plan`` of a row alone, whose drafts are accepted with probability ``acceptance``."""
-        return 0 if self.timing_idle(1) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1),
-                                                      self.profile_row)
+        return 0 if self.judged_idle(1, probing) else plan_one(acceptance, self.costs, self.k_max, self.drafting(1),
+                                                               self.profile_row)
 
     def starting_acceptance(self) -> Tuple[float, float]:
         """The acceptance new rows start from, and the drafts' worth of evidence it counts
@@ -483,7 +517,9 @@ class Goodput(Controller):
         if not state.drafts:  # every row was planned at 0: nothing was sent, nothing is learnt
             sent = kept = None
         now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
-        timed = self.time(state, now)
+        # the tokens the rows gained: one each, and the drafts accepted
+        tokens = rows if kept is None else rows + (int(kept[0]) if rows == 1 else int(kept.sum()))
+        timed = self.time(state, now, tokens)
         if rows == 1:
             return self.observe_one(state, 0 if sent is None else int(sent[0]), 0 if kept is None else int(kept[0]),
                                     now, timed)
@@ -527,7 +563,8 @@ class Goodput(Controller):
                         self.start_wait = self.probe_every
             if probe.any():
                 acceptance = hits / (hits + misses) if acceptance is None else acceptance
-                plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance)), plan)
+                plan = np.where(probe, self.plan(np.where(probe, np.maximum(acceptance, self.prior), acceptance),
+                                                 probing=True), plan)
                 wait = np.where(probe, np.minimum(wait * 2, PROBE_CAP * self.probe_every), wait)
                 self.start_wait = max(self.start_wait, int(wait[probe].max()))
         if plan is state.planned:  # the same plan, on the device already
@@ -563,7 +600,7 @@ class Goodput(Controller):
                 wait = self.start_wait = self.probe_every
         elif step % wait == 0:  # its probe is due
             acceptance = hits / (hits + misses) if acceptance is None else acceptance
-            plan = self.plan_row(max(acceptance, self.prior))
+            plan = self.plan_row(max(acceptance, self.prior), probing=True)
             wait = min(wait * 2, PROBE_CAP * self.probe_every)
             self.start_wait = max(self.start_wait, wait)
         arrays = (np.array([hits]), np.array([misses]), np.array([wait]))
