@@ -45,6 +45,7 @@ options = st.fixed_dictionaries({
     "goodput_memory": st.floats(0.0, 0.95),
     "goodput_probe_every": st.integers(1, 4),
     "goodput_correction": st.sampled_from(["timing", "none"]),
+    "goodput_verdict": st.sampled_from(["measured", "none"]),
     "goodput_start": st.sampled_from(["learned", "prior"]),
     "goodput_acceptance": st.sampled_from(["geometric", "positional"]),
     "draft_ms": st.floats(0.0, 2.0),  # not an option: a position's draft cost in the cost table goodput plans with
