@@ -128,13 +128,12 @@ from cmasd.core.drafting import Draft
 from cmasd.core.verifying import Controller, RowState
 from cmasd.errors import UsageError
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
-from cmasd.verification.verdict import Verdict
+from cmasd.verification.verdict import BUCKETS as ROW_BUCKETS, Verdict, bucket
 
 PRIOR_WEIGHT = 2.0  # drafts' worth of evidence --goodput-prior counts for at a row's start
 LEARNED_WEIGHT = 10.0  # and a learnt prior (the pooled acceptance of many rows: a row's own first drafts say less)
 TIMING_WEIGHT = 0.2  # the newest iteration's weight in a timing correction's moving average
 TIMING_RANGE = (0.25, 8.0)  # an iteration's measured / predicted seconds is clipped to this range
-ROW_BUCKETS = 8  # the corrections' row counts: 1, 2-3, 4-7, ..., 128 and more
 TIMING_MIN = 8  # iterations of each kind timed at a row count before its correction applies
 CORRECTIONS = ("timing", "none")
 VERDICTS = ("measured", "none")
@@ -293,12 +292,6 @@ def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0,
         if value > best_value:
             best_k, best_value = k, value
     return best_k
-
-
-def bucket(rows: int) -> int:
-    """The timing corrections' row bucket of ``rows`` rows: floor(log2(rows)), at most
-    ``ROW_BUCKETS`` - 1."""
-    return min(max(rows, 1).bit_length() - 1, ROW_BUCKETS - 1)
 
 
 class Goodput(Controller):

@@ -22,11 +22,12 @@ from typing import List
 
 WEIGHT = 0.1  # the newest iteration's weight in each moving average
 MINIMUM = 8  # iterations of each kind at a row count before a verdict is given there
-BUCKETS = 8  # row counts: 1, 2-3, 4-7, ..., 128 and more
+BUCKETS = 8  # row counts: 1, 2-3, 4-7, ..., 128 and more (goodput's timing corrections' too)
 
 
 def bucket(rows: int) -> int:
-    """The verdict's row bucket of ``rows`` rows: floor(log2(rows)), at most ``BUCKETS`` - 1."""
+    """The row bucket of ``rows`` rows (the verdict's and goodput's timing corrections'):
+    floor(log2(rows)), at most ``BUCKETS`` - 1."""
     return min(max(rows, 1).bit_length() - 1, BUCKETS - 1)
 
 
