@@ -318,6 +318,49 @@ def test_the_kernels_are_built_once_per_machine():
         assert "[1/" not in log, log[-2000:]  # and ran no compile or link step
 
 
+def test_a_stale_build_lock_is_deleted_and_a_fresh_one_named(tmp_path, caplog):
+    """torch waits for ever on a build lock that a stopped build left: one older than
+    STALE_LOCK_SECONDS is deleted with a warning; a younger one (another process may be
+    building) is kept and named; no lock, nothing said."""
+    import os
+
+    lock = tmp_path / "lock"
+    assert not extension.clear_stale_lock(str(lock)) and not caplog.records
+    lock.touch()
+    assert not extension.clear_stale_lock(str(lock)) and lock.exists()
+    assert f"waiting for {lock}" in caplog.text and "delete it" in caplog.text
+    old = lock.stat().st_mtime - extension.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    assert extension.clear_stale_lock(str(lock)) and not lock.exists()
+    assert f"deleting {lock}" in caplog.text
+
+
+@needs_gemv
+def test_a_build_lock_left_by_a_stopped_build_does_not_block_loading():
+    """A lock an hour old in the extension's build folder (a build stopped there once):
+    another process loads the module instead of waiting on it, and says so."""
+    import os
+    import subprocess
+    import sys
+
+    from torch.utils import cpp_extension
+
+    lock = os.path.join(cpp_extension._get_build_directory(extension.NAME, False), "lock")
+    with open(lock, "x"):  # (fails where a build holds it now)
+        pass
+    old = os.path.getmtime(lock) - 3600
+    os.utime(lock, (old, old))
+    try:
+        code = "from cmasd.layers import extension; extension.compile_and_load()"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "deleting" in proc.stderr and "a build lock 60 minutes old" in proc.stderr, proc.stderr[-2000:]
+        assert not os.path.exists(lock)
+    finally:
+        if os.path.exists(lock):
+            os.remove(lock)
+
+
 @needs_packing
 def test_without_the_compiled_kernels_auto_falls_back_to_packed(monkeypatch):
     """No compiler (or another CPU): auto decodes on oneDNN's packed kernel and says why;

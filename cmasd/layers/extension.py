@@ -17,12 +17,16 @@ import functools
 import logging
 import os
 import platform
+import time
 from typing import Any, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
 NAME = "cmasd_decoding_v8"  # a new name when the source's interface changes
+# torch's build lock older than this was left by a build that was killed (a build takes
+# about 25 s; the lock is never released then, and every later process waits on it forever)
+STALE_LOCK_SECONDS = 600.0
 
 
 def cpu_obstacle() -> Optional[str]:
@@ -66,10 +70,34 @@ def packaged_ninja():
             os.environ["PATH"] = old
 
 
+def clear_stale_lock(path: str, now: Optional[float] = None) -> bool:
+    """Delete torch's build lock ``path`` where it is older than ``STALE_LOCK_SECONDS``,
+    with a warning naming it; whether it did. torch waits, silently and for ever, while
+    the lock exists, and a build that was stopped (Ctrl-C, a killed test run) leaves it.
+    A younger lock is kept (another process may be building) and named in a warning."""
+    try:
+        age = (time.time() if now is None else now) - os.path.getmtime(path)
+    except OSError:  # no lock: nothing to wait for
+        return False
+    if age < STALE_LOCK_SECONDS:
+        logger.warning(f"waiting for {path}: another process is building cmasd's C++ kernels (if none is, a build "
+                       "that was stopped left it: delete it)")
+        return False
+    logger.warning(f"deleting {path}, a build lock {age / 60:.0f} minutes old: a build of cmasd's C++ kernels that "
+                   "was stopped left it")
+    try:
+        os.remove(path)
+    except FileNotFoundError:  # another process took it away meanwhile
+        pass
+    return True
+
+
 def compile_and_load(verbose: bool = False) -> Any:
-    """The extension module, compiled first if its build is missing or out of date."""
+    """The extension module, compiled first if its build is missing or out of date (a
+    stale build lock deleted first: ``clear_stale_lock``)."""
     from torch.utils import cpp_extension
 
+    clear_stale_lock(os.path.join(cpp_extension._get_build_directory(NAME, verbose), "lock"))
     with packaged_ninja():
         return cpp_extension.load(**build_arguments(verbose))
 
