@@ -346,7 +346,7 @@ def test_a_verdict_compares_tokens_per_second_of_the_two_kinds_by_row_count():
         assert not verdict.idles(16)
     for i in range(MINIMUM):
         assert not verdict.idles(16)  # drafting not yet seen MINIMUM times
-        # alternately 1 and 40 tokens in 1 second: 20.5 a second on average, although the
+        # alternately 40 and 1 tokens in 1 second: averaged, above 16 a second, although the
         # per-iteration rates' log-average (sqrt(40), 6.3) is below the idle rate
         verdict.record(16, True, tokens=1.0 if i % 2 else 40.0, seconds=1.0)
     assert not verdict.idles(16) and verdict.rate(16, True) > verdict.rate(16, False)
