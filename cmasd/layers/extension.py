@@ -89,6 +89,9 @@ def clear_stale_lock(path: str, now: Optional[float] = None) -> bool:
         os.remove(path)
     except FileNotFoundError:  # another process took it away meanwhile
         pass
+    except OSError as e:  # not ours to delete: torch will wait on it, as named above
+        logger.warning(f"could not delete {path}: {e}")
+        return False
     return True
 
 
@@ -97,7 +100,9 @@ def compile_and_load(verbose: bool = False) -> Any:
     stale build lock deleted first: ``clear_stale_lock``)."""
     from torch.utils import cpp_extension
 
-    clear_stale_lock(os.path.join(cpp_extension._get_build_directory(NAME, verbose), "lock"))
+    build_directory = getattr(cpp_extension, "_get_build_directory", None)  # torch's own, not public: where absent,
+    if build_directory is not None:  # torch is left to its lock as it is
+        clear_stale_lock(os.path.join(build_directory(NAME, verbose), "lock"))
     with packaged_ninja():
         return cpp_extension.load(**build_arguments(verbose))
 
