@@ -263,8 +263,8 @@ def ct2_verifier(verifier, tmp_path_factory):
     return path
 
 
-def ct2_bench(multi30k, checkpoint, out, configs="greedy,ct2-greedy,ct2-greedy-1t,ct2-greedy-int8", batch_sizes="1,4",
-              env=None):
+def ct2_bench(multi30k, checkpoint, out, configs="greedy,ct2-greedy,ct2-greedy-1t,ct2-greedy-onednn,ct2-greedy-int8",
+              batch_sizes="1,4", env=None):
     """cmasd-bench on one thread: CTranslate2 on two, beside the other test worker's
     process on the two cores, the first of these tests took 49 and 85 s in two runs, 19 s alone."""
     run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", configs,
@@ -277,17 +277,19 @@ def test_ct2_rows_decode_like_fairseq_greedy(multi30k, ct2_verifier, tmp_path):
     record = ct2_bench(multi30k, ct2_verifier, tmp_path / "first", env={"CT2_VERBOSE": "0"})
     # what chooses CTranslate2's backend and threads is in the record (its worker inherits it)
     assert record["kernel_environment"].get("CT2_VERBOSE") == "0"
-    for name in ("ct2-greedy", "ct2-greedy-1t", "ct2-greedy-int8"):
+    for name in ("ct2-greedy", "ct2-greedy-1t", "ct2-greedy-onednn", "ct2-greedy-int8"):
         for bs, row in rows_of(record, name).items():
             assert row["kind"] == "ctranslate2" and row["sentences"] == 12, (name, bs)
             assert row["mean_accepted_tokens"] is None and row["draft_ms_per_iteration"] is None
             assert math.isfinite(row["bleu"]) and row["seconds_mean"] > 0
     # float32 CTranslate2 is fairseq's greedy search on another engine: the same tokens
     # (up to float rounding on near ties, which a 300-update model may have; allow one sentence)
-    for name in ("ct2-greedy", "ct2-greedy-1t"):
+    for name in ("ct2-greedy", "ct2-greedy-1t", "ct2-greedy-onednn"):
         for bs, row in rows_of(record, name).items():
             assert row["exact_match_vs_greedy"] >= 11 / 12, (name, bs, row["exact_match_vs_greedy"])
     assert record["configs"]["ct2-greedy-int8"]["options"]["compute_type"] == "int8"
+    assert record["configs"]["ct2-greedy-onednn"]["options"]["environment"] == {"CT2_USE_MKL": "0"}
+    assert record["configs"]["ct2-greedy"]["options"]["environment"] == {}
     assert record["threads"] == 1 and record["configs"]["ct2-greedy"]["options"]["intra_threads"] is None  # --threads
     assert record["configs"]["ct2-greedy-1t"]["options"]["intra_threads"] == 1
     # every row's speed-up over CTranslate2's greedy (one repetition: a ratio of seconds)
@@ -301,6 +303,23 @@ def test_ct2_rows_decode_like_fairseq_greedy(multi30k, ct2_verifier, tmp_path):
     converted_at = stamp.stat().st_mtime_ns
     ct2_bench(multi30k, ct2_verifier, tmp_path / "second", "ct2-greedy", "1")  # the cached conversion is reused
     assert stamp.stat().st_mtime_ns == converted_at
+
+
+def test_ct2_worker_runs_in_the_rows_environment(multi30k, ct2_verifier, tmp_path):
+    """A row's ``ct2_environment`` reaches CTranslate2: with CT2_VERBOSE=1 the worker logs
+    the backend it loaded, and CT2_USE_MKL=0 is oneDNN's on any CPU (MKL is not used)."""
+    from fairseq.data import Dictionary
+
+    from cmasd.tools.bench.ct2 import CT2Greedy, convert, stop_worker
+    from cmasd.tools.bench.loading import generation_config
+
+    model_dir = convert(str(ct2_verifier), str(multi30k), "en", "de", str(tmp_path))
+    src, tgt = (Dictionary.load(str(multi30k / f"dict.{lang}.txt")) for lang in ("en", "de"))
+    greedy = CT2Greedy(model_dir, src, tgt, "float32", 1, generation_config(1), 256,
+                       environment={"CT2_VERBOSE": "1", "CT2_USE_MKL": "0"})
+    stop_worker(greedy.worker)
+    log = greedy.worker.stderr.read()
+    assert re.search(r"Use Intel MKL: false", log), log[-2000:]
 
 
 def test_ct2_converts_a_checkpoint_without_args(multi30k, ct2_verifier, tmp_path):

@@ -4,7 +4,7 @@ import enum
 import re
 import typing
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from cmasd.drafters.registry import DRAFTER_KINDS
 
@@ -49,7 +49,8 @@ class BenchError(Exception):
 class BenchConfig:
     """One decoder to measure: fairseq's SequenceGenerator with ``beam``; CTranslate2's
     greedy search with ``ct2_compute_type`` (float32, int8) on ``ct2_threads`` threads (None:
-    the bench's ``--threads``); or, when both are None,
+    the bench's ``--threads``), its worker's environment the bench's and ``ct2_environment``
+    (NAME, VALUE) pairs; or, when both are None,
     the speculative generator with ``overrides`` applied to ``SpeculativeDecodingConfig``
     and the model drafter ``drafter`` (a key of ``DRAFTER_OPTIONS``, or ``none``)."""
 
@@ -60,6 +61,7 @@ class BenchConfig:
     drafter: str = NO_DRAFTER
     ct2_compute_type: Optional[str] = None
     ct2_threads: Optional[int] = None
+    ct2_environment: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def speculative(self) -> bool:
@@ -183,6 +185,10 @@ CONFIGS: Dict[str, BenchConfig] = {
         BenchConfig("ct2-greedy-1t", "ct2-greedy on one thread whatever --threads (CTranslate2's OpenMP threads "
                     "can cost more than they save: 6x slower on two threads than on one on the 2-vCPU development VM "
                     "at some hours)", ct2_compute_type="float32", ct2_threads=1),
+        BenchConfig("ct2-greedy-onednn", "ct2-greedy with CT2_USE_MKL=0: oneDNN's GEMM, which CTranslate2 chooses "
+                    "on a CPU not Intel's; on an Intel one it chooses MKL, whose second thread made the same decode "
+                    "2x slower there, oneDNN's 2x faster (docs/results/ctranslate2.md)", ct2_compute_type="float32",
+                    ct2_environment=(("CT2_USE_MKL", "0"),)),
         BenchConfig("ct2-greedy-int8", "CTranslate2 greedy search, int8 weights quantized on load (exact with "
                     "respect to the quantized model only; needs the ct2 extra)", ct2_compute_type="int8"),
         speculative("loop-greedy", "cmasd's loop with nothing drafted (--spec-k 0): the verifier alone, "

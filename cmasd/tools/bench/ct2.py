@@ -164,10 +164,13 @@ class CT2Greedy:
     machine (0.8 s -> 2.8 s for 40 sentences at batch size 1; ``MKL_NUM_THREADS=1``
     removed the slowdown, so torch's MKL threads and CTranslate2's OpenMP threads
     contend), and a deployed CTranslate2 runs without torch. The timed call includes the
-    round trip through the pipe (tokens as JSON lines)."""
+    round trip through the pipe (tokens as JSON lines). The worker's environment is this
+    process's and ``environment`` (CTranslate2 reads its backend's variables, such as
+    ``CT2_USE_MKL``, when it loads)."""
 
     def __init__(self, model_dir: str, src_dict, tgt_dict, compute_type: str, threads: int, gen_cfg,
-                 max_decoder_positions: int, language_model: bool = False):
+                 max_decoder_positions: int, language_model: bool = False,
+                 environment: Optional[Dict[str, str]] = None):
         self.compute_type = compute_type
         self.language_model = language_model  # a Generator continuing prompts, not a Translator
         self.src_symbols = [ct2_symbol(s, src_dict.pad_word) for s in src_dict.symbols]
@@ -181,6 +184,7 @@ class CT2Greedy:
         self.worker = subprocess.Popen(
             [sys.executable, "-m", "cmasd.tools.ct2_worker", model_dir, compute_type, str(threads), kind],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            env={**os.environ, **(environment or {})},
         )
         weakref.finalize(self, stop_worker, self.worker)
         self.request([])  # loaded and answering

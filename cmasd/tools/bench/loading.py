@@ -283,7 +283,8 @@ def build_generator(setup: Setup, config: BenchConfig, global_overrides: Mapping
 
         return CT2Greedy(setup.ct2_model, setup.task.source_dictionary, setup.task.target_dictionary,
                          config.ct2_compute_type, config.ct2_threads or setup.threads, generation_config(1, generation),
-                         setup.model.max_decoder_positions(), language_model=setup.prompts is not None)
+                         setup.model.max_decoder_positions(), language_model=setup.prompts is not None,
+                         environment=dict(config.ct2_environment))
     if not config.speculative:
         from cmasd.compat import fix_ngram_blocker
 
@@ -311,7 +312,7 @@ def config_record(config: BenchConfig, global_overrides, paths: Mapping[str, str
         options = {**options_dict(spec_options(config, global_overrides, paths)), **(generation or {})}
     elif config.ct2_compute_type is not None:
         options = {"compute_type": config.ct2_compute_type, "beam_size": 1, "intra_threads": config.ct2_threads,
-                   **options_dict(generation_config(1, generation))}
+                   "environment": dict(config.ct2_environment), **options_dict(generation_config(1, generation))}
     else:
         options = options_dict(generation_config(config.beam, generation))
     return {"description": config.description, "kind": config.kind, "drafter": config.drafter, "options": options}
