@@ -442,6 +442,7 @@ def test_a_table_interpolates_between_and_beyond_its_points():
     (dict(verify=((1e-3,) * 7, (float("nan"),) * 7)), "finite number of seconds"),
     (dict(draft=((0.0, -1.0),) * 2), "finite number of seconds"),
     (dict(verify=((0.0,) * 7,) * 2), "cannot cost 0 seconds"),
+    (dict(order="sideways"), "order must be one of loop, apart"),
 ])
 def test_a_table_refuses_nonsense(change, message):
     fields = table(draft_ms=0.1).__dict__ | change
@@ -453,12 +454,52 @@ def test_a_saved_table_loads_and_bad_files_are_refused(tmp_path):
     costs = table(draft_ms=0.1)
     costs.save(tmp_path / "costs.json")
     assert Costs.load(tmp_path / "costs.json") == costs
+    timed = replace(costs, order="loop")
+    timed.save(tmp_path / "timed.json")
+    assert Costs.load(tmp_path / "timed.json").order == "loop" and "parts timed in the loop" in timed.format()
+    older = {k: v for k, v in json.loads((tmp_path / "timed.json").read_text()).items() if k != "order"}
+    (tmp_path / "older.json").write_text(json.dumps(older))  # a table saved before the order was recorded
+    assert Costs.load(tmp_path / "older.json").order == "" and "timed" not in costs.format()
     (tmp_path / "other.json").write_text(json.dumps({"rows": [1]}))
     (tmp_path / "broken.json").write_text("{")
     for name, message in (("other.json", "not a cost table of this cmasd"), ("broken.json", "not a cost table"),
                           ("missing.json", "no such file")):
         with pytest.raises(UsageError, match=message):
             Costs.load(tmp_path / name)
+
+
+def test_calibration_times_each_part_after_the_one_the_loop_runs_before_it(monkeypatch):
+    """In the loop's order a verify pass of width w is timed after a draft of w - 1 (none
+    before a pass of width 1) and a draft of k after a verify pass of width k + 1; apart,
+    each part's calls follow each other."""
+    spec_model, verifier, dictionary = tiny_drafter(seed=4)
+    rules = LengthRules(max_len_b=12, max_positions=verifier.max_decoder_positions())
+    ar = AutoregressiveDrafter(draft_model(verifier, dictionary), "native", shares_encoder=True)
+    generator = SpeculativeGenerator(verifier, ar, dictionary, Goodput(3, 0.6, 0.7, 16, None), Exact(),
+                                     ConfidenceSpec(), rules)
+    calls = []
+    verify, draft = calibration.Bench.verify, calibration.Bench.draft
+
+    def logged(kind, make):
+        def part(bench, n):
+            run = make(bench, n)
+            return lambda: (calls.append((kind, n)), run())[1]
+        return part
+
+    monkeypatch.setattr(calibration.Bench, "verify", logged("verify", verify))
+    monkeypatch.setattr(calibration.Bench, "draft", logged("draft", draft))
+    monkeypatch.setattr(calibration.Bench, "iteration", lambda bench: lambda: calls.append(("iteration", 0)))
+    v, d = (lambda n: ("verify", n)), (lambda n: ("draft", n))
+    expected = {  # repeats=3: one unmeasured call, then three timed, each after its ``before``
+        "loop": [v(1)] * 4 + [d(1), v(2)] * 4 + [d(2), v(3)] * 4 + [d(3), v(4)] * 4
+        + [v(2), d(1)] * 4 + [v(3), d(2)] * 4 + [v(4), d(3)] * 4,
+        "apart": [v(1)] * 4 + [v(2)] * 4 + [v(3)] * 4 + [v(4)] * 4 + [d(1)] * 4 + [d(2)] * 4 + [d(3)] * 4,
+    }
+    for order in calibration.ORDERS:
+        calls.clear()
+        costs = calibration.calibrate(generator, rows=(2,), repeats=3, order=order)
+        assert [c for c in calls if c[0] != "iteration"] == expected[order], order
+        assert costs.order == order
 
 
 def test_calibration_measures_every_part_for_the_loaded_models():
@@ -469,6 +510,9 @@ def test_calibration_measures_every_part_for_the_loaded_models():
     generator = SpeculativeGenerator(verifier, ar, dictionary, controller, Exact(), ConfidenceSpec(), rules)
     costs = calibration.calibrate(generator, rows=(1, 3), repeats=2)
     assert costs.rows == (1, 3) and costs.widths == (1, 2, 3, 4, 5) and costs.horizon == 4
+    assert costs.order == "loop" and calibration.calibrate(generator, rows=(1,), repeats=1, order="apart").order == "apart"
+    with pytest.raises(ValueError, match="calibration order: choose from loop, apart"):
+        calibration.calibrate(generator, rows=(1,), order="sideways")
     assert all(s > 0 for line in costs.verify for s in line)
     assert all(line[0] == 0 and all(s > 0 for s in line[1:]) for line in costs.draft)
     assert "verify pass" in costs.format() and costs.device

@@ -13,6 +13,12 @@ them; ``--spec-costs FILE`` reads a saved table):
 * ``overhead[i]``: the rest of an iteration of ``rows[i]`` rows (acceptance, appending,
   statistics).
 
+``order`` says how the parts were timed: ``loop`` (each after the part the loop runs before
+it: a verify pass after the draft it checks, a draft after a verify pass; the other model's
+weights have then left the CPU's caches) or ``apart`` (each part's runs back to back, as
+before 2026-12-03: a verify pass after a draft of 4 cost the base verifier 18% more at one
+row than back to back); empty in a table saved before the order was recorded.
+
 Between the measured grid points the table interpolates linearly, and beyond the largest
 row count or width it extrapolates from the last two points (a pass costs at least as much
 as the largest one measured). A verify pass whose rows send different widths is costed
@@ -30,6 +36,7 @@ from typing import Sequence, Tuple
 from cmasd.errors import UsageError
 
 FORMAT = "cmasd-costs-v1"  # the "format" field of a saved table
+ORDERS = ("loop", "apart")  # how a table's parts were timed (see the module)
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -58,6 +65,7 @@ class Costs:
     overhead: Tuple[float, ...]  # (rows,) seconds of an iteration besides drafting and verifying
     ragged: bool = False  # a verify pass costs the positions rows send, not rows x the widest block
     device: str = ""  # what measured it (the CPU's model name, threads), for the reader
+    order: str = ""  # how the parts were timed: one of ORDERS ("": not recorded)
 
     def __post_init__(self):
         check(self)
@@ -106,7 +114,7 @@ class Costs:
         try:
             return cls(tuple(data["rows"]), tuple(data["widths"]), tuple(map(tuple, data["verify"])),
                        tuple(map(tuple, data["draft"])), tuple(data["overhead"]), bool(data.get("ragged", False)),
-                       str(data.get("device", "")))
+                       str(data.get("device", "")), str(data.get("order", "")))
         except (KeyError, TypeError) as e:
             raise UsageError(f"--spec-costs {path}: malformed cost table ({type(e).__name__}: {e})") from None
         except UsageError as e:
@@ -114,7 +122,8 @@ class Costs:
 
     def format(self) -> str:
         """The table as text, milliseconds: one line per row count."""
-        lines = [f"costs ({self.device or 'this machine'}; verify {'ragged' if self.ragged else 'padded'}), ms"]
+        timed = f"; parts timed {'in the loop' if self.order == 'loop' else 'apart'}" if self.order else ""
+        lines = [f"costs ({self.device or 'this machine'}; verify {'ragged' if self.ragged else 'padded'}{timed}), ms"]
         head = " ".join(f"w={w:<5d}" for w in self.widths)
         lines.append(f"{'rows':>5} | verify pass: {head} | draft k=1..{self.horizon} | overhead")
         for i, rows in enumerate(self.rows):
@@ -131,6 +140,8 @@ def check(costs: Costs) -> None:
         if not values or any(not isinstance(v, int) or v < low for v in values) or list(values) != sorted(set(values)):
             raise UsageError(f"cost table: {name} must be increasing integers >= {low}, got {list(values)}")
 
+    if costs.order not in ("", *ORDERS):
+        raise UsageError(f"cost table: order must be one of {', '.join(ORDERS)}, got {costs.order!r}")
     increasing("rows", costs.rows, 1)
     increasing("widths", costs.widths, 1)
     if costs.widths[0] != 1:

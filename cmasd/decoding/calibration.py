@@ -4,7 +4,12 @@
 ``calibrate`` builds a synthetic batch (random source and target pieces of the models'
 dictionaries: a pass's cost depends on shapes, not on which tokens it reads), runs the
 generator's own parts on it and times them, after a warm-up, as the median of
-``repeats`` runs:
+``repeats`` runs, each (``order="loop"``, the default) after the part the loop runs before
+it, untimed: a verify pass of width w after a draft of w - 1, a draft of k after a verify
+pass of width k + 1. Timed back to back (``order="apart"``, the tables before 2026-12-03) a
+part finds its own model's weights in the CPU's caches, which in decoding the other model's
+have just displaced: on the transformer-base verifier a 5-position pass after a draft of 4
+cost 18% more at one row (docs/results/speculation-pays.md, sixteenth session). The parts:
 
 * a verify pass (``SpeculativeGenerator.verify``: the verifier's block, its log-softmax and
   fairseq's rules) of ``rows`` rows at every width 1 .. horizon + 1 (every position up to
@@ -15,7 +20,8 @@ generator's own parts on it and times them, after a warm-up, as the median of
   steps k - 1 times);
 * a whole iteration drafting nothing, less its verify pass: the iteration's own costs.
 
-A few seconds for the compact Multi30k models on two cores. ``measured`` keeps one table
+A few seconds for the compact Multi30k models on two cores (in the loop's order, about twice
+as long). ``measured`` keeps one table
 per generator parts and settings for the life of the process.
 """
 
@@ -23,11 +29,11 @@ import copy
 import platform
 import statistics
 from dataclasses import replace
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from cmasd.core.costs import Costs, interpolate
+from cmasd.core.costs import ORDERS, Costs, interpolate
 from cmasd.core.drafting import Source, VerifierView
 from cmasd.core.sampling import RowRandom
 from cmasd.core.verifying import Proposal
@@ -50,11 +56,16 @@ def grid(largest: int) -> List[int]:
     return values
 
 
-def median_seconds(run: Callable[[], object], like: torch.Tensor, repeats: int) -> float:
-    """The median wall-clock seconds of ``run()`` over ``repeats`` calls, after one unmeasured."""
+def median_seconds(run: Callable[[], object], like: torch.Tensor, repeats: int,
+                   before: Optional[Callable[[], object]] = None) -> float:
+    """The median wall-clock seconds of ``run()`` over ``repeats`` calls, after one unmeasured,
+    each call after ``before()`` (untimed; None: nothing)."""
+    before = before or (lambda: None)
+    before()
     run()
     times = []
     for _ in range(repeats):
+        before()
         t0 = now(like)
         run()
         times.append(now(like) - t0)
@@ -140,23 +151,31 @@ def quiet(generator: SpeculativeGenerator) -> SpeculativeGenerator:
     return copied
 
 
-def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = 5) -> Costs:
-    """The costs of ``generator``'s iterations on this machine (see the module)."""
+def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = 5,
+              order: str = "loop") -> Costs:
+    """The costs of ``generator``'s iterations on this machine, its parts timed in ``order``
+    (see the module)."""
+    if order not in ORDERS:
+        raise ValueError(f"calibration order: choose from {', '.join(ORDERS)}, got {order!r}")
     horizon = generator.horizon
     widths = grid(horizon + 1)
     ks = grid(horizon) if horizon else []
+    loop = order == "loop"
     verify, draft, overhead = [], [], []
     with torch.no_grad():
         for count in rows:
             bench = Bench(generator, count)
-            line = [median_seconds(bench.verify(w), bench.like, repeats) for w in widths]
+            # (a pass of width 1 follows no draft: the loop calls no drafter where nothing is sent)
+            line = [median_seconds(bench.verify(w), bench.like, repeats,
+                                   bench.draft(w - 1) if loop and 1 < w <= horizon + 1 else None) for w in widths]
             verify.append(tuple(line))
-            measured = [median_seconds(bench.draft(k), bench.like, repeats) for k in ks]
+            measured = [median_seconds(bench.draft(k), bench.like, repeats, bench.verify(k + 1) if loop else None)
+                        for k in ks]
             draft.append((0.0, *(interpolate(ks, measured, k) for k in range(1, horizon + 1))))
             step = median_seconds(bench.iteration(), bench.like, repeats)
             overhead.append(max(0.0, step - line[0]))
     return Costs(tuple(rows), tuple(widths), tuple(verify), tuple(draft), tuple(overhead),
-                 ragged=generator.ragged, device=device_name(next(generator.model.parameters()).device))
+                 ragged=generator.ragged, device=device_name(next(generator.model.parameters()).device), order=order)
 
 
 def identity(generator: SpeculativeGenerator) -> Tuple:
@@ -167,11 +186,11 @@ def identity(generator: SpeculativeGenerator) -> Tuple:
             g.request.confidence is not None, g.request.logprobs, torch.get_num_threads())
 
 
-def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS) -> Costs:
-    """``calibrate(generator)``, measured once per process for the same generator parts and
-    settings (the table is kept with the drafter it measured, so that its identity stays
-    its own)."""
-    key = identity(generator) + tuple(rows)
+def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, order: str = "loop") -> Costs:
+    """``calibrate(generator, rows, order=order)``, measured once per process for the same
+    generator parts and settings (the table is kept with the drafter it measured, so that
+    its identity stays its own)."""
+    key = identity(generator) + tuple(rows) + (order,)
     if key not in _MEASURED:
-        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows))
+        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows, order=order))
     return _MEASURED[key][2]

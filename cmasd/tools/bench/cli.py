@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "at 1 row and each batch size (the table the goodput controller plans with), print the "
                         "tables, save each as OUT_DIR/costs-NAME.json (fairseq-generate --spec-costs FILE), and "
                         "decode nothing")
+    parser.add_argument("--calibrate-order", choices=("loop", "apart"), default="loop",
+                        help="--calibrate: time each part after the one the loop runs before it (loop: a verify pass "
+                        "after its draft, as goodput's own start-up measurement does) or back to back (apart, the "
+                        "tables before 2026-12-03) (default: %(default)s)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"),
                         help="bench.md, bench.json, latency-throughput.png, and runs.jsonl: a line per recorded "
                         "run as it ends, kept when the bench is stopped midway (default: %(default)s)")
@@ -404,7 +408,7 @@ def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_
             generator = build_generator(bench.setup, config, global_overrides, paths, generation)
             if generator.horizon == 0:
                 continue
-            costs = calibration.measured(generator, rows)
+            costs = calibration.measured(generator, rows, args.calibrate_order)
             path = os.path.join(args.out_dir, f"costs-{config.name}.json")
             costs.save(path)
             tables.append(f"{config.name} ({path}):\n{costs.format()}")
