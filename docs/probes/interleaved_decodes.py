@@ -15,7 +15,9 @@ computes the drafter's shapes after idle iterations too (`Controller.idles_next`
 behaviour before 2026-11-29's tenth session). A language model's data takes
 `--prompt-tokens` and `--continuation-tokens` as `cmasd-bench` does. `--time-parts` adds the
 seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
-`--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen).
+`--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen). `--paired`
+also prints each configuration's seconds outside its iterations' timed parts (the encoder,
+each batch's start, the gaps between the parts' clock reads).
 """
 
 import argparse
@@ -159,6 +161,13 @@ def paired(generators, setup, batches, repeats):
               f"[{low:.3f}, {high:.3f}]  tok/it {s.get('mean_accepted_tokens') or 0:.2f} k {s.get('mean_k') or 0:.2f} "
               f"d/v/b {s.get('draft_ms_per_iteration') or 0:.3f}/{s.get('verify_ms_per_iteration') or 0:.3f}/"
               f"{s.get('bookkeeping_ms_per_iteration') or 0:.3f} ms")
+    # the seconds outside an iteration's timed parts: the encoder, the batch's start, the
+    # gaps between the clock reads (a configuration's own per-batch costs)
+    for c, name in enumerate(names):
+        parts = stats[c].draft_seconds + stats[c].verify_seconds + stats[c].bookkeeping_seconds
+        outside = seconds[c].sum() - parts
+        print(f"{name:60s} parts {parts:8.3f} s  outside {outside:7.3f} s "
+              f"({1e3 * outside / (repeats * len(batches)):.3f} ms a batch, {stats[c].batch_iterations} passes)")
 
 
 if __name__ == "__main__":
