@@ -500,7 +500,8 @@ class SpeculativeGenerator:
         offsets = torch.arange(width + 1, device=last.device)  # (width + 1,)
         drafts = proposal.tokens.masked_fill(offsets[None, 1:] > proposal.k[:, None], self.pad)
         block = torch.cat([last, drafts], dim=1)  # (B, width + 1)
-        sent = offsets[None, :] <= proposal.k[:, None] if self.ragged and bsz > 1 else None  # (B, width + 1)
+        # (a block of one position is every row's: no layout to find, which costs a host read)
+        sent = offsets[None, :] <= proposal.k[:, None] if self.ragged and bsz > 1 and width else None  # (B, width + 1)
         # the block reaches position longest - 1 + width: known on the host, not read
         states, logits, ragged = self.scorer.scored(state.verifier, block, state.lengths - 1, sent, lower,
                                                     end=state.longest + width)  # logits (B, width + 1, V) or (N, V)
