@@ -13,11 +13,10 @@ them; ``--spec-costs FILE`` reads a saved table):
 * ``overhead[i]``: the rest of an iteration of ``rows[i]`` rows (acceptance, appending,
   statistics).
 
-``order`` says how the parts were timed: ``loop`` (each after the part the loop runs before
-it: a verify pass after the draft it checks, a draft after a verify pass; the other model's
-weights have then left the CPU's caches) or ``apart`` (each part's runs back to back, as
-before 2026-12-03: a verify pass after a draft of 4 cost the base verifier 18% more at one
-row than back to back); empty in a table saved before the order was recorded.
+``order`` says how the parts were timed: ``apart`` (each part's runs back to back, the
+default) or ``loop`` (each after the part the loop runs before it: a verify pass after the
+draft it checks, a draft after a verify pass; the other model's weights have then left the
+CPU's caches); empty in a table saved before the order was recorded.
 
 Between the measured grid points the table interpolates linearly, and beyond the largest
 row count or width it extrapolates from the last two points (a pass costs at least as much

@@ -4,12 +4,16 @@
 ``calibrate`` builds a synthetic batch (random source and target pieces of the models'
 dictionaries: a pass's cost depends on shapes, not on which tokens it reads), runs the
 generator's own parts on it and times them, after a warm-up, as the median of
-``repeats`` runs, each (``order="loop"``, the default) after the part the loop runs before
-it, untimed: a verify pass of width w after a draft of w - 1, a draft of k after a verify
-pass of width k + 1. Timed back to back (``order="apart"``, the tables before 2026-12-03) a
-part finds its own model's weights in the CPU's caches, which in decoding the other model's
-have just displaced: on the transformer-base verifier a 5-position pass after a draft of 4
-cost 18% more at one row (docs/results/speculation-pays.md, sixteenth session). The parts:
+``repeats`` runs, back to back (``order="apart"``, the default) or each after the part the
+loop runs before it, untimed (``order="loop"``): a verify pass of width w after a draft of
+w - 1, a draft of k after a verify pass of width k + 1. Back to back a part finds its own
+model's weights in the CPU's caches, which in decoding the other model's have just
+displaced: on the transformer-base verifier (Intel Xeon) a 5-position pass after a draft of 4
+cost 18% more at one row; on the compact one (Zen 3) the draft model's calls cost about 1.5x
+after a verify pass, the passes no more. Measured, goodput planning from the loop's table ran
+no faster (1.32x against 1.35x ``loop-greedy`` at batch 1, 0.956x against 0.964x at batch 16,
+paired, within each other's intervals; docs/results/speculation-pays.md, seventeenth
+session), so the default stays as it was. The parts:
 
 * a verify pass (``SpeculativeGenerator.verify``: the verifier's block, its log-softmax and
   fairseq's rules) of ``rows`` rows at every width 1 .. horizon + 1 (every position up to
@@ -152,7 +156,7 @@ def quiet(generator: SpeculativeGenerator) -> SpeculativeGenerator:
 
 
 def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = 5,
-              order: str = "loop") -> Costs:
+              order: str = "apart") -> Costs:
     """The costs of ``generator``'s iterations on this machine, its parts timed in ``order``
     (see the module)."""
     if order not in ORDERS:
@@ -186,7 +190,7 @@ def identity(generator: SpeculativeGenerator) -> Tuple:
             g.request.confidence is not None, g.request.logprobs, torch.get_num_threads())
 
 
-def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, order: str = "loop") -> Costs:
+def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, order: str = "apart") -> Costs:
     """``calibrate(generator, rows, order=order)``, measured once per process for the same
     generator parts and settings (the table is kept with the drafter it measured, so that
     its identity stays its own)."""

@@ -184,10 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "at 1 row and each batch size (the table the goodput controller plans with), print the "
                         "tables, save each as OUT_DIR/costs-NAME.json (fairseq-generate --spec-costs FILE), and "
                         "decode nothing")
-    parser.add_argument("--calibrate-order", choices=("loop", "apart"), default="loop",
-                        help="--calibrate: time each part after the one the loop runs before it (loop: a verify pass "
-                        "after its draft, as goodput's own start-up measurement does) or back to back (apart, the "
-                        "tables before 2026-12-03) (default: %(default)s)")
+    parser.add_argument("--calibrate-order", choices=("loop", "apart"), default="apart",
+                        help="--calibrate: time each part's runs back to back (apart, as goodput's own start-up "
+                        "measurement does) or each after the one the loop runs before it (loop: a verify pass after "
+                        "its draft, a draft after a verify pass) (default: %(default)s)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"),
                         help="bench.md, bench.json, latency-throughput.png, and runs.jsonl: a line per recorded "
                         "run as it ends, kept when the bench is stopped midway (default: %(default)s)")
