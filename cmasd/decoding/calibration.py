@@ -25,8 +25,8 @@ session), so the default stays as it was. The parts:
 * a whole iteration drafting nothing, less its verify pass: the iteration's own costs.
 
 A few seconds for the compact Multi30k models on two cores (in the loop's order, about twice
-as long). ``measured`` keeps one table
-per generator parts and settings for the life of the process.
+as long). ``measured`` keeps one table per generator parts and settings for the life of the
+process.
 """
 
 import copy
