@@ -135,6 +135,7 @@ class Decoded:
     outside: List[str]
     hypotheses: list
     uploads: List[List[str]]
+    drafted: int = 0  # drafts sent to the verifier in the batch
 
 
 def recorded_decode(generator, sample, monkeypatch) -> Decoded:
@@ -146,7 +147,7 @@ def recorded_decode(generator, sample, monkeypatch) -> Decoded:
         hypotheses, stats = generator.decode(sample)
     monkeypatch.undo()
     assert stats.batch_iterations == len(recorder.inside)
-    return Decoded(recorder.strays, recorder.inside, recorder.outside, hypotheses, recorder.uploads)
+    return Decoded(recorder.strays, recorder.inside, recorder.outside, hypotheses, recorder.uploads, stats.drafted)
 
 
 # ------------------------------------------------------------------ the parts
@@ -228,7 +229,9 @@ LOOP_READS = {
     "retire: which rows finished, their rows, lengths and steps, the others' length bounds, and what the next "
     "iteration's shapes need: the draft's horizon with a controller that budgets, the drafter's shapes": 1,
 }
-RAGGED_READS = 1  # layers, at batch > 1: the positions the rows send, packed (nonzero: their count is a shape)
+# layers, at batch > 1 in an iteration whose block is wider than one position (a block of one
+# position is every row's): the positions the rows send, packed (nonzero: their count is a shape)
+RAGGED_READS = 1
 CONTROLLER_READS = {
     # goodput plans on the host in numpy: the iteration's sent/accepted counts come with the
     # loop's read (``plans_on_host``), on a GPU as on a CPU, and it selects its rows with the
@@ -267,12 +270,13 @@ def part(read: str) -> str:
     return where.split("/", 1)[0] if where != "decoding/generator.py" else "loop"
 
 
-def budget(drafter: str, controller: str, bsz: int, static: bool = False) -> dict:
-    """The most reads of each part in one iteration."""
+def budget(drafter: str, controller: str, bsz: int, static: bool = False, drafted: bool = True) -> dict:
+    """The most reads of each part in one iteration (``drafted``: whether any iteration sent
+    drafts, whose blocks are wider than one position)."""
     stops = STOP_READS if controller in STOPPING and "autoregressive" in drafter else 0
     return {
         "loop": sum(LOOP_READS.values()) - static,
-        "layers": RAGGED_READS if bsz > 1 and not static else 0,
+        "layers": RAGGED_READS if bsz > 1 and not static and drafted else 0,
         "drafters": DRAFTER_READS[drafter] + stops,
         "controller": CONTROLLER_READS.get(controller, 0),
         "rule": 0,
@@ -322,7 +326,7 @@ def check_reads(models, drafter, rule, controller, bsz, monkeypatch, static=Fals
     assert len(decoded.hypotheses) == bsz and len(decoded.inside) > 1
     most = {name: max(sum(part(read) == name for read in reads) for reads in decoded.inside)
             for name in ("loop", "layers", "drafters", "controller", "rule", "core", "decoding")}
-    expected = {**dict.fromkeys(most, 0), **budget(drafter, controller, bsz, static)}
+    expected = {**dict.fromkeys(most, 0), **budget(drafter, controller, bsz, static, decoded.drafted > 0)}
     reads = Counter(read for reads in decoded.inside for read in reads)
     # the controller's read comes only in an iteration where some rows finish and others go on
     assert most["controller"] <= expected.pop("controller"), f"host reads: {dict(reads)}"
