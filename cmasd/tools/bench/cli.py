@@ -40,6 +40,7 @@ from cmasd.tools.bench.loading import (
     load_verifier,
 )
 from cmasd.tools.bench.measure import measure_all
+from cmasd.core.costs import ORDERS
 from cmasd.tools.bench.sweep import expand, parse_gammas, summarize, summary_table
 from cmasd.tools.bench.report import (
     columns,
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "at 1 row and each batch size (the table the goodput controller plans with), print the "
                         "tables, save each as OUT_DIR/costs-NAME.json (fairseq-generate --spec-costs FILE), and "
                         "decode nothing")
-    parser.add_argument("--calibrate-order", choices=("loop", "apart"), default="apart",
+    parser.add_argument("--calibrate-order", choices=ORDERS, default="apart",
                         help="--calibrate: time each part's runs back to back (apart, as goodput's own start-up "
                         "measurement does) or each after the one the loop runs before it (loop: a verify pass after "
                         "its draft, a draft after a verify pass) (default: %(default)s)")
