@@ -229,8 +229,9 @@ def test_the_draft_model_keeps_the_drafts_it_fed_that_its_rows_accepted():
 def test_the_draft_models_cache_waits_for_its_first_draft(shares_encoder):
     """A batch builds nothing for the draft model until it drafts (a controller that idles
     pays for no encoder keys and no copies as rows leave); built after rows left and the
-    caches grew, for the rows still active, its first draft feeds their whole prefixes and
-    equals greedy drafting from scratch."""
+    caches grew, for the rows still active (their encoder keys alone computed, not the
+    batch's), its first draft feeds their whole prefixes and equals greedy drafting from
+    scratch."""
     spec_model, verifier, dictionary = tiny_drafter()
     model = draft_model(verifier, dictionary, 1)
     drafter = AutoregressiveDrafter(model, "native", shares_encoder=shares_encoder)
@@ -239,7 +240,7 @@ def test_the_draft_models_cache_waits_for_its_first_draft(shares_encoder):
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
     built = []
     start = drafter.scorer.start
-    drafter.scorer.start = lambda *a, **k: built.append(1) or start(*a, **k)
+    drafter.scorer.start = lambda *a, **k: built.append(a[0]["encoder_out"][0].size(1)) or start(*a, **k)
     state = drafter.start(Source(src, src_lengths, encoder_out), 4)
     keep = torch.tensor([0, 2, 3])
     state = state.select(keep).grow(30).select(torch.tensor([0, 2]))  # rows 1, then 2 of the batch left
@@ -248,10 +249,33 @@ def test_the_draft_models_cache_waits_for_its_first_draft(shares_encoder):
     lengths = torch.tensor([9, 5])
     tokens = prefixes(dictionary, gen, 2, 30, lengths)
     draft, state = drafter.draft(state, tokens, lengths, DraftRequest(horizon))
-    assert built == [1] and state.cache.capacity == 30 and state.cached.tolist() == lengths.tolist()
+    assert built == [2] and state.cache.capacity == 30 and state.cached.tolist() == lengths.tolist()
     own = encoder_out if shares_encoder else model.encoder(src, src_lengths=src_lengths)
     _, expected = recomputed(model, model.encoder.reorder_encoder_out(own, rows), tokens, lengths, horizon)
     assert torch.equal(draft.tokens, expected)
+
+
+def test_the_spec_drafters_cache_is_built_for_the_rows_still_active():
+    """As the draft model's: nothing built until the first draft, then the encoder keys of
+    the rows still active alone, and the draft equals one from a cache started for them."""
+    spec_model, verifier, dictionary = tiny_drafter()
+    drafter = SpecDrafter(spec_model, "native")
+    gen = torch.Generator().manual_seed(9)
+    bsz, horizon = 4, 3
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    built = []
+    start_cache = drafter.start_cache
+    drafter.start_cache = lambda *a, **k: built.append(a[0]["encoder_out"][0].size(1)) or start_cache(*a, **k)
+    state = drafter.start(Source(src, src_lengths, encoder_out), 4)
+    state = state.select(torch.tensor([0, 2, 3])).grow(30).select(torch.tensor([0, 2]))  # rows 1, then 2 left
+    assert built == []
+    lengths = torch.tensor([9, 5])
+    tokens = prefixes(dictionary, gen, 2, 30, lengths)
+    draft, _ = drafter.draft(state, tokens, lengths, DraftRequest(horizon))
+    assert built == [2]
+    alone = start_cache(verifier.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 3])), 30)
+    logits, _ = drafter.logits(alone, tokens, lengths, slots=horizon, block=drafter.block)
+    assert torch.equal(draft.tokens, logits.argmax(-1))
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.7, 0.71, 1.0])

@@ -162,15 +162,13 @@ class AutoregressiveDrafter(ModelDrafter):
 
     def built(self, state: ARDrafterState) -> ARDrafterState:
         """``state`` with its cache, for the rows still active: the draft model's own
-        encoder run where it has one, its encoder keys computed and the finished rows
-        dropped (every row feeds its whole prefix next)."""
-        source, rows, capacity = state.pending.source, state.pending.rows, state.pending.capacity
+        encoder run where it has one and its encoder keys computed, for those rows alone
+        (every row feeds its whole prefix next)."""
+        source = state.pending.active()
         encoder_out = source.encoder_out
         if self.encode is not None:
             encoder_out = self.encode({"src_tokens": source.tokens, "src_lengths": source.lengths})
-        cache = self.scorer.start(encoder_out, capacity, source.tokens.size(0), state.pending.padded)
-        if rows.numel() < source.tokens.size(0):  # rows only ever leave, in order: fewer means some left
-            cache = cache.select(rows)
+        cache = self.scorer.start(encoder_out, state.pending.capacity, source.tokens.size(0), state.pending.padded)
         return ARDrafterState(cache, state.cached)
 
     def kept(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor) -> Tensor:

@@ -49,6 +49,21 @@ class Pending:
     def grow(self, capacity: int) -> "Pending":
         return replace(self, capacity=max(capacity, self.capacity))
 
+    def active(self) -> Source:
+        """The source of the rows still active (the whole source where none has left):
+        a cache built from it computes encoder keys for these rows only, not for the
+        batch's every row and then drops the finished ones (a batch's last rows, first
+        drafting late, built theirs at 2.3-2.9 ms where their draft costs 0.7-1 ms)."""
+        source, rows = self.source, self.rows
+        if rows.numel() == source.tokens.size(0):  # rows only ever leave, in order: as many means none left
+            return source
+        encoder_out = None
+        if source.encoder_out is not None:  # what a drafter reads of it (``encoder_states``): states, padding
+            encoder_out = {"encoder_out": [source.encoder_out["encoder_out"][0].index_select(1, rows)],  # (S, B, C)
+                           "encoder_padding_mask": [mask.index_select(0, rows)  # (B, S)
+                                                    for mask in source.encoder_out["encoder_padding_mask"]]}
+        return Source(source.tokens.index_select(0, rows), source.lengths.index_select(0, rows), encoder_out)
+
 
 @dataclass
 class ModelDrafterOptions:

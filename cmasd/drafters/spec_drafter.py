@@ -163,13 +163,10 @@ class SpecDrafter(ModelDrafter):
 
     def built(self, pending: Pending) -> SpecDrafterCache:
         """The cache of ``pending``'s rows still active: the drafter's own encoder run
-        where it has one, its encoder keys computed and the finished rows dropped."""
-        source = pending.source
+        where it has one and its encoder keys computed, for those rows alone."""
+        source = pending.active()
         encoder_out = self.encode(source.tokens, source.lengths) if self.uses_own_encoder else source.encoder_out
-        cache = self.start_cache(encoder_out, pending.capacity, pending.padded)
-        if pending.rows.numel() < source.tokens.size(0):  # rows only ever leave, in order: fewer means some left
-            cache = cache.select(pending.rows)
-        return cache
+        return self.start_cache(encoder_out, pending.capacity, pending.padded)
 
     def shapes(self, state: Union[Pending, SpecDrafterCache], tokens: Tensor, lengths: Tensor,
                going: Tensor) -> Tensor:
