@@ -415,9 +415,34 @@ def test_a_controller_that_plans_on_the_host_hears_the_counts_from_the_loops_rea
                         lambda self, state, sent, kept: heard.append((sent, kept)) or observe_read(self, state, sent, kept))
     hypotheses, stats = g.decode(sample(models, bsz))
     assert len(heard) == stats.batch_iterations
-    assert sum(int(sent.sum()) for sent, _ in heard) == stats.drafted > 0
-    assert sum(int(kept.sum()) for _, kept in heard) == stats.accepted
-    assert all(sent.dtype == np.int64 and (kept <= sent).all() for sent, kept in heard)
+    read = [(sent, kept) for sent, kept in heard if sent is not None]  # None: planned at 0, not read
+    assert sum(int(sent.sum()) for sent, _ in read) == stats.drafted > 0
+    assert sum(int(kept.sum()) for _, kept in read) == stats.accepted
+    assert all(sent.dtype == np.int64 and (kept <= sent).all() for sent, kept in read)
+    assert all(kept is None for sent, kept in heard if sent is None)
+
+
+def test_iterations_planned_idle_read_no_counts_and_stay_greedy(models, monkeypatch):
+    """goodput idling but for its probes (after two batches that taught it the drafts'
+    acceptance): an iteration it planned at 0 for every row (``hears_counts`` False) puts
+    no counts in the loop's read and hears None; one that drafts hears its counts; the
+    batch's hypotheses are greedy's."""
+    g = idling_goodput(models, "autoregressive")
+    for _ in range(2):
+        g.decode(sample(models, 5))
+    heard, planned = [], []
+    hears, observe_read = type(g.controller).hears_counts, type(g.controller).observe_read
+    monkeypatch.setattr(type(g.controller), "hears_counts",
+                        lambda self, state: planned.append(hears(self, state)) or planned[-1])
+    monkeypatch.setattr(type(g.controller), "observe_read",
+                        lambda self, state, sent, kept: heard.append(sent) or observe_read(self, state, sent, kept))
+    decoded = g.decode(sample(models, 5))
+    assert len(heard) == len(planned) == decoded.stats.batch_iterations
+    assert [sent is not None for sent in heard] == planned
+    assert True in planned and False in planned  # its probes draft, the rest idle
+    assert sum(int(sent.sum()) for sent in heard if sent is not None) == decoded.stats.drafted > 0
+    greedy = generator(models, "autoregressive", "exact", "fixed").decode(sample(models, 5))
+    assert hypotheses_of(decoded.hypotheses) == hypotheses_of(greedy.hypotheses)
 
 
 def idling_goodput(m, drafter: str):

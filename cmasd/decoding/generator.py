@@ -72,8 +72,9 @@ class DecodeState:
     horizon: Optional[int] = None
     shapes: Optional[Tuple[int, ...]] = None
     # what each row sent and kept in the iteration just run, for a controller that plans on
-    # the host: read by ``retire`` (None: no such controller, or no iteration yet)
-    counts: Optional[Tuple[Tensor, Tensor]] = None
+    # the host: read by ``retire`` (None: no such controller, or no iteration yet; empty:
+    # the controller hears the iteration without them, ``Controller.hears_counts``)
+    counts: Optional[Tuple[Tensor, ...]] = None
     # the width of the batch's prompts (fairseq's forced prefix): its minimum length rule
     # applies from this step on, as fairseq's applies only after the prefix it forces
     prompt_width: int = 0
@@ -295,16 +296,18 @@ class SpeculativeGenerator:
                               torch.where(done, 0, state.lengths).max()])  # (2,) over the rows that go on
         idle = self.controller.idles_next(state.controller)
         ahead, budgets = self.ahead(state, ~done, idle)
-        counts = [] if state.counts is None else list(state.counts)  # (B,) each
+        counts = () if state.counts is None else state.counts  # (B,) each, or none
         host = torch.cat([done.long(), state.rows, state.lengths, state.steps, bounds, ahead, *counts]).tolist()
         ended, rows, lengths, steps = (host[i * bsz : (i + 1) * bsz] for i in range(4))
         at = 4 * bsz + 2 + ahead.numel()
         bounds, ahead = host[4 * bsz : 4 * bsz + 2], host[4 * bsz + 2 : at]
         heard = {}
-        if counts:  # a controller that plans on the host hears the iteration, every row of it
-            read = np.array(host[at:])  # (2 B,)
-            heard = {"controller": self.controller.observe_read(state.controller, read[:bsz], read[bsz:]),
-                     "counts": None}
+        if state.counts is not None:  # a controller that plans on the host hears the iteration, every row of it
+            sent = kept = None  # where it said it needs no counts (``hears_counts``)
+            if counts:
+                read = np.array(host[at:])  # (2 B,)
+                sent, kept = read[:bsz], read[bsz:]
+            heard = {"controller": self.controller.observe_read(state.controller, sent, kept), "counts": None}
         kept = [row for row in range(bsz) if not ended[row]]
         for row in range(bsz):
             if ended[row]:
@@ -468,7 +471,8 @@ class SpeculativeGenerator:
         verdict = self.acceptance.accept(proposal, lprobs)
         accepted = verdict.accepted  # (B,)
         if self.controller.plans_on_host:  # it hears the counts in ``retire``, read with the loop's read
-            controller_state, counts = state.controller, (k, accepted)
+            controller_state = state.controller
+            counts = (k, accepted) if self.controller.hears_counts(controller_state) else ()
         else:
             controller_state, counts = self.controller.observe(state.controller, k, accepted), None
         drafter_state = self.drafter.observe(drafter_state, states, accepted)

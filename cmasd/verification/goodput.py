@@ -501,12 +501,18 @@ class Goodput(Controller):
             return False
         return step % self.probe_every != 0 or not (step % state.wait == 0).any()
 
-    def observe_read(self, state: GoodputState, sent: np.ndarray, kept: np.ndarray) -> GoodputState:
+    def hears_counts(self, state: GoodputState) -> bool:
+        """Only where a row was planned above 0: otherwise nothing is sent, nothing learnt."""
+        return state.drafts
+
+    def observe_read(self, state: GoodputState, sent: Optional[np.ndarray],
+                     kept: Optional[np.ndarray]) -> GoodputState:
         """On the host (the counts live there), after the iteration's one read: numpy's few
         operations on a few numbers each, or plain Python's for a row alone (at batch 1
         an iteration costs about a millisecond, and numpy's calls on one-element arrays
-        would be a tenth of it). The plan goes back to the device when it changed."""
-        rows = len(sent)
+        would be a tenth of it). The plan goes back to the device when it changed. ``sent``
+        and ``kept`` None: not read (``hears_counts``: every row was planned at 0)."""
+        rows = len(state.planned)
         if not state.drafts:  # every row was planned at 0: nothing was sent, nothing is learnt
             sent = kept = None
         now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
