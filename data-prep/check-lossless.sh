@@ -24,6 +24,9 @@ Options:
   --subset NAME       the split to decode (default test)
   --out DIR           keep both outputs per batch size there (default: a temporary folder,
                       removed at the end)
+  --generation OPTS   fairseq-generate options for both runs, in one argument: the rules
+                      that change what greedy search outputs, e.g. --generation
+                      "--max-len-b 60 --no-repeat-ngram-size 3" (default: fairseq's)
   -h, --help          this help
 Options after "--" go to the speculative run only (default: --spec-controller fixed
 --spec-k 10; e.g. -- --spec-controller cmasd); --spec-acceptance exact always comes last.
@@ -40,12 +43,15 @@ SUBSET="test"
 OUT=""
 POSITIONAL=()
 SPEC_ARGS=()
+GENERATION=()
 while (( $# )); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --batch-sizes|--batch-sizes=*) _opt_value --batch-sizes "$@"; BATCH_SIZES="$OPT_VALUE"; shift "$CONSUMED" ;;
     --subset|--subset=*) _opt_value --subset "$@"; SUBSET="$OPT_VALUE"; shift "$CONSUMED" ;;
     --out|--out=*) _opt_value --out "$@"; OUT="$OPT_VALUE"; shift "$CONSUMED" ;;
+    --generation|--generation=*) _opt_value --generation "$@"; read -r -a GENERATION <<< "$OPT_VALUE"
+      shift "$CONSUMED" ;;
     --) shift; SPEC_ARGS=("$@"); break ;;
     -*) die "unknown option: $1 (see --help)" ;;
     *) POSITIONAL+=("$1"); shift ;;
@@ -79,13 +85,15 @@ DEVICE=()
 "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" || DEVICE=(--cpu)
 fairseq_tool generate
 
-log "$N sentences of $DATA ($SUBSET, $SRC -> $TGT); speculative options: ${SPEC_ARGS[*]} --spec-acceptance exact"
+log "$N sentences of $DATA ($SUBSET, $SRC -> $TGT); both runs: ${GENERATION[*]:-fairseq defaults};" \
+  "speculative options: ${SPEC_ARGS[*]} --spec-acceptance exact"
 FAILED=()
 IFS=, read -r -a SIZES <<< "$BATCH_SIZES"
 for bs in "${SIZES[@]}"; do
   common=("$DATA" --user-dir "$CMASD_ROOT/fairseq_plugins" --task translation_speculative
     --source-lang "$SRC" --target-lang "$TGT" --gen-subset "$SUBSET" --path "$VERIFIER"
-    --beam 1 --batch-size "$bs" --required-batch-size-multiple 1 ${DEVICE[@]+"${DEVICE[@]}"})
+    --beam 1 --batch-size "$bs" --required-batch-size-multiple 1 ${DEVICE[@]+"${DEVICE[@]}"}
+    ${GENERATION[@]+"${GENERATION[@]}"})
   log "batch size $bs: fairseq-generate --beam 1"
   "${FAIRSEQ_CMD[@]}" "${common[@]}" > "$OUT/greedy-$bs.txt" 2> "$OUT/greedy-$bs.log" \
     || { tail -n 20 "$OUT/greedy-$bs.log" >&2; fail "fairseq-generate --beam 1 failed at batch size $bs"; }

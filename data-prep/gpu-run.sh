@@ -27,7 +27,9 @@ Usage: bash data-prep/gpu-run.sh --prepare DIR
                   logs/         each stage's whole output
                 and the checkpoints into --work (default DIR/work).
 --smoke         the same stages on the CPU in a few minutes: a 1+1-layer 64-wide "base",
-                a few updates of each drafter, 500 training sentences, 8 test sentences
+                a few updates of each drafter, 500 training sentences, 8 test sentences,
+                outputs of at most 24 tokens in the bench (the barely trained verifier
+                would run each one to fairseq's 200)
 --bench-only    the setup, data and bench stages alone, on the checkpoints an earlier call
                 left in --work (a second call on a machine still warm: other --configs)
 
@@ -315,10 +317,12 @@ if (( SMOKE )); then
   SPEC_BATCH=(--max-tokens 2048) AR_BATCH=(--max-tokens 2048)
   # blockwise-k10 needs 10 heads; 25 heads of a 1,024-wide layer are minutes on a CPU
   BLOCKWISE_BATCH=(--max-tokens 1024 --blockwise-k 10 --blockwise-ffn-dim 64)
+  BENCH_CAP=(--max-len-b 24)
 else
   VERIFIER_BOUND=(--stop-time-hours "$(hours "$VERIFIER_MINUTES")" --warmup-updates 400)
   DRAFTER_BOUND=(--stop-time-hours "$(hours "$DRAFTER_MINUTES")" --warmup-updates 200)
   SPEC_BATCH=(--max-tokens 8192) AR_BATCH=(--max-tokens 8192) BLOCKWISE_BATCH=(--max-tokens 4096)
+  BENCH_CAP=()
 fi
 VERIFIER="$WORK/verifier/checkpoint_best.pt"
 DISTILLED="$WORK/distill"
@@ -374,7 +378,8 @@ stage_begin bench "$CONFIGS; batch 16 and 64 on ${BENCH_SENTENCES:-all} test sen
 BENCH=("$PY" -m cmasd.tools.bench "$DATA" --path "$VERIFIER" --gen-subset test
   --drafter-path "$WORK/drafter/checkpoint_best.pt" --ar-drafter-path "$WORK/ar-drafter/checkpoint_best.pt"
   --blockwise-heads-path "$WORK/blockwise/checkpoint_best.pt" --configs "$CONFIGS"
-  --repeats 1 --warmup 1 --warmup-batches 2 ${BENCH_PRECISION[@]+"${BENCH_PRECISION[@]}"})
+  --repeats 1 --warmup 1 --warmup-batches 2 ${BENCH_PRECISION[@]+"${BENCH_PRECISION[@]}"}
+  ${BENCH_CAP[@]+"${BENCH_CAP[@]}"})
 logged bench-b16 "${BENCH[@]}" --batch-sizes 16,64 ${BENCH_SENTENCES:+--max-sentences "$BENCH_SENTENCES"} \
   --out-dir "$OUT/bench-b16"
 logged bench-b1 "${BENCH[@]}" --batch-sizes 1 --max-sentences "$B1_SENTENCES" --out-dir "$OUT/bench-b1"

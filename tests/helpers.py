@@ -89,8 +89,16 @@ EMPTY_AT = 5  # index of the empty source line in the probe set
 # Batch 1 runs a sentence at a time, so fewer sentences take the same paths; the whole set
 # at batch 1 took 841 of the suite's 4,948 worker-seconds on the Zen 1 host (docs/results/tests.md).
 HEAD_SENTENCES = 24
-LONG = ("--min-len", "100")  # every hypothesis outgrows the first caches (about its source's length plus two blocks)
-VERY_LONG = ("--min-len", "150")  # past the autoregressive drafter's first caches too
+# The length cap of every test decode: a flat CAP_LEN tokens where fairseq's default is 200. The
+# tiny verifier runs on to the cap in about one sentence of eight, and at 200 those rows were
+# half of the tokens decoded (a batch of 16 with one such row ran 200 iterations); they still
+# reach it, and stop sooner. Flat, not --max-len-a: fairseq scales that by the batch's padded
+# source width, so its greedy output would change with the batch size.
+CAP_LEN = 60
+LENGTH_CAP = ("--max-len-a", "0", "--max-len-b", str(CAP_LEN))
+UNCAPPED = ("--max-len-a", "0", "--max-len-b", "200")  # fairseq's default
+LONG = ("--min-len", "100", *UNCAPPED)  # every hypothesis outgrows the first caches (about its source's length plus two blocks)
+VERY_LONG = ("--min-len", "150", *UNCAPPED)  # past the autoregressive drafter's first caches too
 
 
 def generation_argv(data, verifier, *options):
@@ -101,10 +109,11 @@ def generation_argv(data, verifier, *options):
     the split does not divide evenly (97 sentences at --batch-size 16 give 96
     hypotheses), for its own generator as for ours. ``--num-workers 0``: batches are
     loaded in this process; with fairseq's one worker, a run in this process often waits
-    about 5 s for the previous run's worker to shut down."""
+    about 5 s for the previous run's worker to shut down. LENGTH_CAP unless ``options``
+    set the cap again (the last one counts, as in fairseq's parser)."""
     return [str(c) for c in (data, "--user-dir", PLUGINS, "--task", "translation_speculative", "--path", verifier,
                              "--gen-subset", "test", "--cpu", "--beam", "1", "--required-batch-size-multiple", "1",
-                             "--num-workers", "0", *options)]
+                             "--num-workers", "0", *LENGTH_CAP, *options)]
 
 
 def generate(data, verifier, *options, check=True, cli=False):
@@ -126,24 +135,37 @@ def generate(data, verifier, *options, check=True, cli=False):
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's
 
 
-def in_process(prog, argv):
-    """Run fairseq's console script ``prog`` (``fairseq-generate``) in this process as its
-    entry point runs it: ``sys.argv`` set, stdout and the INFO log (fairseq's format) and
-    stderr captured; what the program leaves to its exit (``atexit``: cmasd's statistics
-    line) run when it returns, as at its exit; a ``UsageError`` reported in one line as ``cmasd.errors``' hook does
-    for the program, any other exception with its traceback, exit status 1; argparse's
-    exits keep their status. Returns a ``subprocess.CompletedProcess``."""
-    from fairseq_cli import generate as fairseq_generate
+def console_script(prog):
+    """The entry point of console script ``prog``."""
+    if prog == "fairseq-generate":
+        from fairseq_cli.generate import cli_main
+    elif prog == "cmasd-bench":
+        from cmasd.tools.bench.cli import cli_main
+    elif prog == "cmasd-trace":
+        from cmasd.tools.trace import cli_main
+    else:
+        raise KeyError(prog)
+    return cli_main
 
+
+def in_process(prog, argv):
+    """Run console script ``prog`` (``fairseq-generate``, ``cmasd-bench``, ``cmasd-trace``)
+    in this process as its entry point runs it: ``sys.argv`` set, stdout and the INFO log
+    (fairseq's format) and stderr captured; what the program leaves to its exit (``atexit``:
+    cmasd's statistics line) run when it returns, as at its exit; a ``UsageError`` reported
+    in one line as ``cmasd.errors``' hook does for the program, any other exception with its
+    traceback, exit status 1; argparse's exits keep their status. The logging the program
+    set up (cmasd's tools configure the root logger) is undone. Returns a
+    ``subprocess.CompletedProcess``."""
     from cmasd.errors import UsageError, one_line
 
-    entry = {"fairseq-generate": fairseq_generate.cli_main}[prog]
+    entry = console_script(prog)
     out, err = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.setLevel(logging.INFO)
-    root = logging.getLogger()
-    level, argv_before = root.level, sys.argv
+    root, fairseq_logger = logging.getLogger(), logging.getLogger("fairseq")
+    level, handlers, fairseq_level, argv_before = root.level, root.handlers[:], fairseq_logger.level, sys.argv
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     sys.argv = [prog, *argv]
@@ -166,8 +188,9 @@ def in_process(prog, argv):
         status = 1
     finally:
         sys.argv = argv_before
-        root.removeHandler(handler)
+        root.handlers[:] = handlers
         root.setLevel(level)
+        fairseq_logger.setLevel(fairseq_level)
     return subprocess.CompletedProcess([prog, *argv], status, out.getvalue(), err.getvalue())
 
 

@@ -13,7 +13,7 @@ import sys
 import matplotlib.colors
 import pytest
 import torch
-from helpers import BIN, rows_of, run, source_batch, tiny_bart, tiny_transformer
+from helpers import BIN, CAP_LEN, in_process, rows_of, run, source_batch, tiny_bart, tiny_transformer
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front
@@ -30,6 +30,8 @@ SPECULATIVE_STATS = [
 QUALITY = ["bleu", "quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]
 
 
+# the suite's length cap (helpers.LENGTH_CAP), as cmasd-bench takes it
+CAPPED = ["--max-len-b", str(CAP_LEN)]
 EXITS = {"mean_exit_layer", "layers_skipped"}  # drafts that exit the verifier's layers early (SpecBound) only
 
 
@@ -48,7 +50,7 @@ def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter,
                 "--ar-drafter-path", ar_drafter, "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
                 "--repeats", "1", "--warmup", "1", "--warmup-batches", "1", "--configs", ",".join(BENCH_CONFIGS),
-                "--threads", "1", "--out-dir", out])
+                "--threads", "1", *CAPPED, "--out-dir", out])
     (out / "stderr.txt").write_text(proc.stderr)
     return out
 
@@ -220,9 +222,8 @@ def test_configs_help_lists_every_named_configuration():
 
 
 def test_configurations_need_the_drafter_they_draft_with(multi30k, verifier, drafter, tmp_path):
-    proc = subprocess.run([str(BIN / "cmasd-bench"), str(multi30k), "--path", str(verifier), "--drafter-path",
-                           str(drafter), "--configs", "greedy,cmasd,ar-g2,ar-g4", "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = bench_cli([multi30k, "--path", verifier, "--drafter-path", drafter, "--configs", "greedy,cmasd,ar-g2,ar-g4",
+                      "--out-dir", tmp_path])
     assert proc.returncode == 2
     assert "cmasd-bench: error: --ar-drafter-path is required by the configurations ar-g2, ar-g4" in proc.stderr
 
@@ -240,18 +241,29 @@ def test_configs_parse_adhoc_definitions():
     assert (lookup.drafter, lookup.overrides["spec_source_ngram"]) == ("none", 1)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["/no/such/dir", "--path", "/no/such.pt"], "data directory not found"),
-    (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,nope"], "unknown configuration 'nope'"),
-    (["/no/such/dir", "--path", "/no/such.pt", "--batch-sizes", "0"], "--batch-sizes"),
-    (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,x:drafter=lstm"], "drafter=lstm; choose from"),
+# (the program itself for the first; its entry point in this process for the others: the
+# same parser and report, without 4-5 s of start-up each)
+@pytest.mark.parametrize("argv, message, program", [
+    (["/no/such/dir", "--path", "/no/such.pt"], "data directory not found", True),
+    (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,nope"], "unknown configuration 'nope'", False),
+    (["/no/such/dir", "--path", "/no/such.pt", "--batch-sizes", "0"], "--batch-sizes", False),
+    (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,x:drafter=lstm"], "drafter=lstm; choose from", False),
 ])
-def test_bench_errors_are_one_line(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv], capture_output=True, text=True)
+def test_bench_errors_are_one_line(argv, message, program):
+    proc = bench_cli(argv, program=program)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def bench_cli(argv, program=False):
+    """cmasd-bench with ``argv``: the program (``program``) or its entry point in this
+    process (helpers.in_process); a completed process."""
+    argv = [str(a) for a in argv]
+    if program:
+        return subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv], capture_output=True, text=True)
+    return in_process("cmasd-bench", argv)
 
 
 @pytest.fixture(scope="module")
@@ -391,7 +403,7 @@ def sampling_json(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path",
                 ar_drafter, "--max-sentences", "12", "--batch-sizes", "1,4", "--warmup", "0", "--threads", "1",
                 "--sampling", "--temperature", "0.9", "--seeds", "3,4", "--configs", ",".join(SAMPLING_CONFIGS),
-                "--out-dir", out])
+                *CAPPED, "--out-dir", out])
     assert "fairseq's SequenceGenerator sampling" in proc.stdout
     return json.loads((out / "bench.json").read_text())
 
@@ -426,8 +438,7 @@ def test_sampling_bench_errors_are_one_line(multi30k, verifier, argv, message, t
 
 def assert_one_line_error(argv, message, tmp_path):
     """cmasd-bench with ``argv`` exits 2 with one error line that says ``message``."""
-    proc = subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv, "--out-dir", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = bench_cli([*argv, "--out-dir", tmp_path])
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr
@@ -442,7 +453,7 @@ def sweep_json(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path",
                 ar_drafter, "--max-sentences", "8", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0",
                 "--threads", "1", "--sweep-gamma", "3,1,26", "--configs", ",".join(["loop-greedy"] + SWEPT),
-                "--out-dir", out])
+                *CAPPED, "--out-dir", out])
     assert "× fixed γ" in proc.stdout and "gamma 26 left out" in proc.stdout
     return json.loads((out / "bench.json").read_text())
 

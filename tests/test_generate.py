@@ -24,7 +24,7 @@ import subprocess
 
 import pytest
 import torch
-from helpers import (BIN, EMPTY_AT, LONG, PROBE_SENTENCES, REPO, VERY_LONG, assert_same_hypotheses, binarize, generate, hypotheses,
+from helpers import (BIN, CAP_LEN, EMPTY_AT, LENGTH_CAP, LONG, PROBE_SENTENCES, REPO, VERY_LONG, assert_same_hypotheses, binarize, generate, hypotheses,
                      last_line, raw_pairs, run, tool_env)
 
 def test_greedy_reference_is_complete(greedy):
@@ -211,13 +211,18 @@ def test_lenient_autoregressive_and_cmasd_decode_every_line(probe, verifier, ar_
 
 
 def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
+    """With --generation: both runs under the suite's length cap (LENGTH_CAP)."""
     proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", probe, verifier, untrained_drafter,
-                "--batch-sizes", "7,16", "--out", tmp_path])
+                "--batch-sizes", "7,16", "--out", tmp_path, "--generation", " ".join(LENGTH_CAP)])
     n = PROBE_SENTENCES + 1
     assert proc.stderr.count(f"{n} sentences, 0 different") == 2
+    assert f"both runs: {' '.join(LENGTH_CAP)};" in proc.stderr
     assert "lossless: the same hypotheses as fairseq-generate --beam 1 at batch size(s) 7,16" in proc.stderr
     for batch_size in (7, 16):
-        assert len(hypotheses((tmp_path / f"speculative-{batch_size}.txt").read_text())) == n
+        for run_ in ("greedy", "speculative"):
+            outputs = hypotheses((tmp_path / f"{run_}-{batch_size}.txt").read_text())
+            assert len(outputs) == n
+            assert max(len(tokens.split()) for _, tokens in outputs.values()) == CAP_LEN  # some reach it, none pass it
 
 
 def compare_hyps(tmp_path, first, second, sentences):

@@ -15,14 +15,13 @@ saving a table that ``--spec-costs`` then reads.
 
 import json
 import re
-import subprocess
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from helpers import (BIN, REPO, assert_same_hypotheses, draft_model, generate, hypotheses, run, source_batch, tiny_drafter,
-                     tool_env)
+from helpers import (BIN, assert_same_hypotheses, draft_model, generate, hypotheses, in_process, run, source_batch,
+                     tiny_drafter)
 
 from cmasd.core.costs import Costs
 from cmasd.decoding import calibration
@@ -586,7 +585,6 @@ def test_bench_calibrate_prints_and_saves_a_table_goodput_reads(multi30k, verifi
 
 
 def test_bench_calibrate_refuses_configurations_that_draft_nothing(multi30k, verifier, tmp_path):
-    proc = subprocess.run([str(BIN / "cmasd-bench"), str(multi30k), "--path", str(verifier), "--calibrate", "--configs",
-                           "greedy,loop-greedy", "--out-dir", str(tmp_path)], capture_output=True, text=True,
-                          env=tool_env(), cwd=REPO)
+    proc = in_process("cmasd-bench", [str(multi30k), "--path", str(verifier), "--calibrate", "--configs",
+                                      "greedy,loop-greedy", "--out-dir", str(tmp_path)])
     assert proc.returncode != 0 and "--calibrate: none of the configurations drafts anything" in proc.stderr

@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import BIN, EMPTY_AT, PLUGINS, PROBE_SENTENCES, REPO, generate, hypotheses, last_line, raw_pairs, run, tool_env
+from helpers import BIN, CAP_LEN, EMPTY_AT, LENGTH_CAP, PLUGINS, PROBE_SENTENCES, REPO, generate, hypotheses, last_line, raw_pairs, run, tool_env
+
+
+# The suite's length cap (helpers.LENGTH_CAP), as the API's keyword arguments
+CAP = {"max_len_a": 0.0, "max_len_b": CAP_LEN}
 
 
 def detokenized(pieces: str) -> str:
@@ -30,7 +34,7 @@ def hub(multi30k, verifier, drafter):
 
     torch.set_num_threads(1)
     return from_pretrained(str(verifier), data_name_or_path=str(multi30k), drafter_path=str(drafter), batch_size=7,
-                           spec_k=4, spec_acceptance="exact")
+                           spec_k=4, spec_acceptance="exact", **CAP)
 
 
 # --------------------------------------------------------------------------- the Python API
@@ -55,7 +59,7 @@ def test_api_options_per_call_and_fairseq_generator_without_a_drafter(hub, probe
     assert len(lenient) == len(sources)
     assert hub.task.cfg.spec_k == 4 and hub.task.cfg.spec_acceptance == "exact"  # restored after the call
     exact = hub.translate(sources, spec_k=2)
-    plain = from_pretrained(str(verifier), data_name_or_path=str(multi30k), batch_size=5)
+    plain = from_pretrained(str(verifier), data_name_or_path=str(multi30k), batch_size=5, **CAP)
     assert plain.translate(sources) == exact
     assert plain.last_stats is None  # fairseq's own generator ran
     assert hub.translate(sources[3]) == exact[3]  # one string in, one string out
@@ -102,7 +106,7 @@ def test_interactive_answers_piped_lines_losslessly_and_survives_a_long_line(mul
          "--path", verifier, "--drafter-path", drafter, "--spec-k", "4", "--spec-acceptance", "exact",
          "--source-lang", "en", "--target-lang", "de", "--bpe", "sentencepiece",
          "--sentencepiece-model", multi30k / "spm.model", "--buffer-size", "4", "--batch-size", "4",
-         "--max-source-positions", "64", "--beam", "1", "--cpu"],
+         "--max-source-positions", "64", "--beam", "1", "--cpu", *LENGTH_CAP],
         input="".join(line + "\n" for line in lines),
     )
     outputs = {}

@@ -22,7 +22,9 @@ import subprocess
 
 import pytest
 import torch
-from helpers import BIN, PLUGINS, REPO, hypotheses, run, tool_env
+from helpers import BIN, PLUGINS, REPO, hypotheses, in_process, run, tool_env
+
+from cmasd.tools.prep.cli import main as prep_main
 
 SENTENCES = 48
 MERGES = 200
@@ -83,10 +85,16 @@ def zoo_bart(multi30k, tmp_path_factory):
 
     text = work / "text"
     text.mkdir()
-    for (split, lang), lines in raw.items():
+    # the first file through the program, the others through its entry point here (the same
+    # command without 4 s of start-up each)
+    for n, ((split, lang), lines) in enumerate(raw.items()):
         (text / f"{split}.raw.{lang}").write_text("".join(line + "\n" for line in lines))
-        run([BIN / "python", "-m", "cmasd.tools.prep", "gpt2-encode", "--encoder-json", model_dir / "encoder.json",
-             "--vocab-bpe", model_dir / "vocab.bpe", text / f"{split}.raw.{lang}", text / f"{split}.{lang}"])
+        argv = ["gpt2-encode", "--encoder-json", model_dir / "encoder.json", "--vocab-bpe", model_dir / "vocab.bpe",
+                text / f"{split}.raw.{lang}", text / f"{split}.{lang}"]
+        if n == 0:
+            run([BIN / "python", "-m", "cmasd.tools.prep", *argv])
+        else:
+            assert prep_main([str(a) for a in argv]) == 0
     data = work / "bin"
     run([BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", text / "train",
          "--validpref", text / "valid", "--testpref", text / "test", "--destdir", data,
@@ -109,13 +117,26 @@ def zoo_bart(multi30k, tmp_path_factory):
     return model_dir, data
 
 
-def generate(model_dir, data, *options):
-    """fairseq-generate on the test split (batch 16 unless ``options`` say otherwise)."""
-    cmd = [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
-           "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1", "--max-len-b", "40",
-           "--batch-size", "16", "--required-batch-size-multiple", "1", "--bpe", "gpt2",
-           "--gpt2-encoder-json", model_dir / "encoder.json", "--gpt2-vocab-bpe", model_dir / "vocab.bpe", *options]
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=REPO, env=tool_env())
+def generate(model_dir, data, *options, program=False):
+    """fairseq-generate on the test split (batch 16 unless ``options`` say otherwise): its
+    entry point in this process (helpers.in_process), or the program itself (``program``)."""
+    argv = [str(c) for c in [data, "--user-dir", PLUGINS, "--task", "translation_speculative",
+                             "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1",
+                             "--max-len-b", "40", "--batch-size", "16", "--required-batch-size-multiple", "1",
+                             "--num-workers", "0", "--bpe", "gpt2", "--gpt2-encoder-json", model_dir / "encoder.json",
+                             "--gpt2-vocab-bpe", model_dir / "vocab.bpe", *options]]
+    if program:
+        return subprocess.run([str(BIN / "fairseq-generate"), *argv], capture_output=True, text=True, cwd=REPO,
+                              env=tool_env())
+    return in_process("fairseq-generate", argv)
+
+
+@pytest.fixture(scope="module")
+def zoo_greedy(zoo_bart):
+    """fairseq-generate --beam 1 (the program) on the zoo BART: the reference."""
+    greedy = generate(*zoo_bart, program=True)
+    assert greedy.returncode == 0, greedy.stderr[-3000:]
+    return greedy
 
 
 # every drafter kind on the BART, rows finishing at different times at batch 7 and 16
@@ -130,7 +151,8 @@ SETUPS = {
 }
 
 
-def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_drafters_from_its_encoder(zoo_bart, tmp_path):
+def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_drafters_from_its_encoder(zoo_bart, zoo_greedy, tmp_path):
+    """The first setup through the program, the others through its entry point here."""
     model_dir, data = zoo_bart
     drafters = {}
     for kind, script in (("spec", "train-drafter.sh"), ("ar", "train-ar-drafter.sh")):
@@ -138,12 +160,10 @@ def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_drafters_from_its_encod
         run(["bash", REPO / "data-prep" / script, data, model_dir / "model.pt", "--max-update", "2",
              "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation"])
         drafters[kind] = save / "checkpoint_last.pt"
-    greedy = generate(model_dir, data)
-    assert greedy.returncode == 0, greedy.stderr[-3000:]
-    expected = hypotheses(greedy.stdout)
+    expected = hypotheses(zoo_greedy.stdout)
     assert sorted(expected) == list(range(SENTENCES))
-    for setup, options in SETUPS.items():
-        spec = generate(model_dir, data, *options(drafters), "--spec-acceptance", "exact")
+    for n, (setup, options) in enumerate(SETUPS.items()):
+        spec = generate(model_dir, data, *options(drafters), "--spec-acceptance", "exact", program=n == 0)
         assert spec.returncode == 0, f"{setup}: {spec.stderr[-3000:]}"
         got = hypotheses(spec.stdout)
         assert sorted(got) == sorted(expected), setup
@@ -155,17 +175,12 @@ def test_a_zoo_bart_decodes_losslessly_with_gpt2_bpe_and_drafters_from_its_encod
 
 def test_a_missing_bpe_file_is_named(zoo_bart, tmp_path):
     model_dir, data = zoo_bart
-    proc = subprocess.run(
-        [str(c) for c in [BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
-                          "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1",
-                          "--bpe", "gpt2", "--gpt2-encoder-json", tmp_path / "missing.json",
-                          "--gpt2-vocab-bpe", model_dir / "vocab.bpe", "--spec-source-ngram", "1"]],
-        capture_output=True, text=True, cwd=REPO, env=tool_env())
+    proc = generate(model_dir, data, "--gpt2-encoder-json", tmp_path / "missing.json", "--spec-source-ngram", "1")
     assert proc.returncode != 0
     assert f"--gpt2-encoder-json: file not found: {tmp_path / 'missing.json'}" in proc.stderr
 
 
-def test_the_python_api_loads_a_zoo_bart_with_its_gpt2_bpe(zoo_bart):
+def test_the_python_api_loads_a_zoo_bart_with_its_gpt2_bpe(zoo_bart, zoo_greedy):
     """``cmasd.from_pretrained`` on the zoo's layout (model.pt, dict.txt, encoder.json,
     vocab.bpe): raw text in, fairseq-generate's detokenized output out, with and without
     lookups drafting."""
@@ -173,10 +188,8 @@ def test_the_python_api_loads_a_zoo_bart_with_its_gpt2_bpe(zoo_bart):
 
     model_dir, data = zoo_bart
     sources = (data.parent / "text" / "test.raw.en").read_text().splitlines()
-    greedy = generate(model_dir, data)
-    assert greedy.returncode == 0, greedy.stderr[-3000:]
     expected = {int(line.split("\t")[0][2:]): line.split("\t")[2]
-                for line in greedy.stdout.splitlines() if line.startswith("D-")}
+                for line in zoo_greedy.stdout.splitlines() if line.startswith("D-")}
     plain = from_pretrained(str(model_dir), max_len_b=40)
     speculative = from_pretrained(str(model_dir), max_len_b=40, spec_source_ngram=1, spec_k=4,
                                   spec_acceptance="exact")
