@@ -23,7 +23,7 @@ from filelock import FileLock
 
 import fairseq_plugins  # noqa: F401  (as --user-dir does: models built in tests get its fairseq 0.12.2 fixes)
 from helpers import (  # noqa: F401  (tests import these from conftest too)
-    BIN, EMPTY_AT, HEAD_SENTENCES, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, generate, hypotheses, mirror_dir,
+    BIN, CAP_LEN, EMPTY_AT, HEAD_SENTENCES, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, generate, hypotheses, mirror_dir,
     mirror_missing, probe_set, raw_pairs, run, tool_env, VERY_LONG, LM_TRAIN_LINES, TINIER_LM, TINY_LM, train_lm)
 
 # Two pytest-xdist workers share the two cores: one torch thread each, as tool_env gives the
@@ -231,8 +231,9 @@ def reference(artifacts, name, probe, verifier, *options):
 
 @pytest.fixture(scope="session")
 def greedy(probe, verifier, artifacts):
-    """fairseq's own greedy output (SequenceGenerator, --beam 1), batch 16."""
-    return reference(artifacts, "greedy", probe, verifier)
+    """fairseq's own greedy output (SequenceGenerator, --beam 1), batch 16, under the
+    suite's length cap (LENGTH_CAP, which every reference and decode gets)."""
+    return reference(artifacts, f"greedy-cap-{CAP_LEN}", probe, verifier)
 
 
 @pytest.fixture(scope="session")
@@ -240,19 +241,19 @@ def greedy_no_repeat(probe, verifier, artifacts):
     """fairseq's greedy output with ``--no-repeat-ngram-size 3`` (through cmasd's task,
     whose fairseq generator blocks as documented: fairseq 0.12's own bans nothing on a
     CPU, fairseq#5206)."""
-    return reference(artifacts, "greedy-no-repeat", probe, verifier, "--no-repeat-ngram-size", "3")
+    return reference(artifacts, f"greedy-no-repeat-cap-{CAP_LEN}", probe, verifier, "--no-repeat-ngram-size", "3")
 
 
 @pytest.fixture(scope="session")
 def long_greedy(probe, verifier, artifacts):
-    """fairseq's greedy output with ``--min-len 100`` (LONG)."""
-    return reference(artifacts, "greedy-min-len-100", probe, verifier, *LONG)
+    """fairseq's greedy output with LONG's ``--min-len 100 --max-len-b 120``."""
+    return reference(artifacts, "greedy-min-len-100-cap-120", probe, verifier, *LONG)
 
 
 @pytest.fixture(scope="session")
 def very_long_greedy(probe, verifier, artifacts):
-    """fairseq's greedy output with ``--min-len 150`` (VERY_LONG)."""
-    return reference(artifacts, "greedy-min-len-150", probe, verifier, *VERY_LONG)
+    """fairseq's greedy output with VERY_LONG's ``--min-len 150 --max-len-b 170``."""
+    return reference(artifacts, "greedy-min-len-150-cap-170", probe, verifier, *VERY_LONG)
 
 
 # ------------------------------------------------------------------ SAMSum

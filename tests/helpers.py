@@ -96,9 +96,10 @@ HEAD_SENTENCES = 24
 # source width, so its greedy output would change with the batch size.
 CAP_LEN = 60
 LENGTH_CAP = ("--max-len-a", "0", "--max-len-b", str(CAP_LEN))
-UNCAPPED = ("--max-len-a", "0", "--max-len-b", "200")  # fairseq's default
-LONG = ("--min-len", "100", *UNCAPPED)  # every hypothesis outgrows the first caches (about its source's length plus two blocks)
-VERY_LONG = ("--min-len", "150", *UNCAPPED)  # past the autoregressive drafter's first caches too
+# every hypothesis outgrows the first caches (about its source's length plus two blocks):
+# between 100 and 120 tokens
+LONG = ("--min-len", "100", "--max-len-a", "0", "--max-len-b", "120")
+VERY_LONG = ("--min-len", "150", "--max-len-a", "0", "--max-len-b", "170")  # past the autoregressive drafter's first caches too
 
 
 def generation_argv(data, verifier, *options):
