@@ -235,7 +235,21 @@ logged() {
 # ------------------------------------------------------------------ setup
 
 stage_begin setup "python, fairseq and the device"
-if ! "$PY" -c "import fairseq" >/dev/null 2>&1; then
+# versions_and_device: what env.txt records of python, torch, fairseq and the device, then
+# "torch-device: cuda|cpu"; one interpreter (each start imports torch and fairseq, 3-5 s)
+versions_and_device() {
+  "$PY" -W ignore - <<'PY'
+import platform, torch, fairseq
+print(f"python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, CUDA {torch.version.cuda}")
+else:
+    print("device: CPU, " + (platform.processor() or platform.machine()))
+print("torch-device: " + ("cuda" if torch.cuda.is_available() else "cpu"))
+PY
+}
+if ! VERSIONS="$(versions_and_device 2>&1)"; then
   [[ -d "$FROM/wheels" ]] || die "fairseq does not import with $PY and there is no $FROM/wheels to install" \
     "(make one with --prepare DIR here, carry it, and give --from DIR)"
   logged setup "$PY" -m pip install --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" \
@@ -243,8 +257,11 @@ if ! "$PY" -c "import fairseq" >/dev/null 2>&1; then
   # byte-compiled once, on every core, rather than by each of the dozen processes that import it
   logged compile "$PY" -m compileall -q -j 0 "$WORK/site" || log "some files did not compile (not needed)"
   export PYTHONPATH="$PYTHONPATH:$WORK/site"
+  VERSIONS="$(versions_and_device 2>&1)" || { printf '%s\n' "$VERSIONS" >&2; die "python, torch or fairseq does not start"; }
 fi
-DEVICE="$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')"
+VERSIONS="$(printf '%s\n' "$VERSIONS" | grep -v tensorboardX)"
+DEVICE="$(printf '%s\n' "$VERSIONS" | sed -n 's/^torch-device: //p')"
+[[ "$DEVICE" == cuda || "$DEVICE" == cpu ]] || { printf '%s\n' "$VERSIONS" >&2; die "could not tell the device"; }
 if (( SMOKE )) || [[ "$DEVICE" == cpu ]]; then
   PRECISION="${PRECISION:-fp32}"
 else
@@ -259,19 +276,11 @@ esac
 [[ "$DEVICE" == cuda || "$PRECISION" != fp16 ]] || die "--precision fp16 needs a CUDA GPU (torch sees none)"
 {
   printf 'date: %s\nhost: %s\n' "$(date -u '+%Y-%m-%dT%H:%M:%SZ')" "$(uname -n)"
-  "$PY" -W ignore - <<'PY'
-import platform, torch, fairseq
-print(f"python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}")
-if torch.cuda.is_available():
-    p = torch.cuda.get_device_properties(0)
-    print(f"device: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, CUDA {torch.version.cuda}")
-else:
-    print("device: CPU, " + (platform.processor() or platform.machine()))
-PY
+  printf '%s\n' "$VERSIONS" | grep -v '^torch-device: '
   grep -m1 'model name' /proc/cpuinfo 2>/dev/null || true
   printf 'precision: %s; smoke: %s; verifier minutes %s, drafter minutes %s; configs %s\n' \
     "$PRECISION" "$SMOKE" "$VERIFIER_MINUTES" "$DRAFTER_MINUTES" "$CONFIGS"
-} 2>&1 | grep -v tensorboardX > "$OUT/env.txt" || { cat "$OUT/env.txt" >&2; die "python, torch or fairseq does not start"; }
+} > "$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 stage_end ran
 

@@ -161,11 +161,13 @@ def verifier(multi30k, artifacts):
 def drafter(multi30k, verifier, artifacts):
     """A tiny Spec-Drafter trained to imitate ``verifier`` through fairseq-train, with 2
     blocks a sentence (``--drafter-cuts``; the recipe's 4 took 1.5x as long for the same
-    training loss in these 300 updates)."""
+    training loss in 300 updates), for 150 updates (three quarters of an epoch: 300 were the
+    largest single item of the suite's work, about 100 s of it; the tests need drafts, some
+    of them accepted, not good ones)."""
 
     def build(save):
         run(["bash", REPO / "data-prep" / "train-drafter.sh", multi30k, verifier, "--drafter-cuts", "2",
-             "--arch", "spec_drafter_compact", "--max-update", "300", "--lr", "3e-3",
+             "--arch", "spec_drafter_compact", "--max-update", "150", "--lr", "3e-3",
              "--warmup-updates", "50", "--save-dir", save, "--no-epoch-checkpoints", "--seed", "1"])
 
     return artifacts.get("drafter", build) / "checkpoint_last.pt"

@@ -8,7 +8,7 @@ import json
 import sys
 
 import torch
-from helpers import BIN, PLUGINS, REPO, hypotheses, run
+from helpers import BIN, PLUGINS, REPO, hypotheses, in_process, run, succeeded
 
 TEST_DIALOGUES = 819
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
@@ -17,10 +17,15 @@ TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
 RULES = ["--beam", "1", "--max-len-b", "24", "--min-len", "3", "--no-repeat-ngram-size", "3"]
 
 
-def summarize(data, verifier, *options):
-    return run([BIN / "fairseq-generate", data, "--user-dir", PLUGINS, "--task", "translation_speculative",
-                "--path", verifier, "--gen-subset", "test", "--cpu", "--batch-size", "16",
-                "--required-batch-size-multiple", "1", "--post-process", "sentencepiece", *RULES, *options])
+def summarize(data, verifier, *options, program=False):
+    """fairseq-generate on the test split: the program, or its entry point in this process
+    (helpers.in_process); a completed process."""
+    argv = [data, "--user-dir", PLUGINS, "--task", "translation_speculative", "--path", verifier, "--gen-subset", "test",
+            "--cpu", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0",
+            "--post-process", "sentencepiece", *RULES, *options]
+    if program:
+        return run([BIN / "fairseq-generate", *argv])
+    return succeeded(in_process("fairseq-generate", [str(a) for a in argv]))
 
 
 def test_a_tiny_bart_verifier_summarizes_every_test_dialogue_in_order(samsum, tmp_path):
@@ -33,7 +38,7 @@ def test_a_tiny_bart_verifier_summarizes_every_test_dialogue_in_order(samsum, tm
     assert model_cfg.arch == "bart_base" and model_cfg.layernorm_embedding
     assert model_cfg.encoder_normalize_before and model_cfg.decoder_normalize_before
 
-    greedy = summarize(samsum, verifier)
+    greedy = summarize(samsum, verifier, program=True)
     spec = summarize(samsum, verifier, "--spec-source-ngram", "1", "--spec-history-ngram", "2", "--spec-k", "6",
                      "--spec-acceptance", "exact")
     expected, got = hypotheses(greedy.stdout), hypotheses(spec.stdout)
