@@ -210,11 +210,13 @@ def test_lenient_autoregressive_and_cmasd_decode_every_line(probe, verifier, ar_
         assert sorted(hypotheses(proc.stdout)) == list(range(PROBE_SENTENCES + 1))
 
 
-def test_check_lossless_script_passes_on_an_untrained_drafter(probe, verifier, untrained_drafter, tmp_path):
-    """With --generation: both runs under the suite's length cap (LENGTH_CAP)."""
-    proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", probe, verifier, untrained_drafter,
+def test_check_lossless_script_passes_on_an_untrained_drafter(probe_at, verifier, untrained_drafter, tmp_path):
+    """On the probe set's head (25 lines, several of which reach the cap), with --generation:
+    both runs under the suite's length cap (LENGTH_CAP)."""
+    head, sentences = probe_at(1)
+    proc = run(["bash", REPO / "data-prep" / "check-lossless.sh", head, verifier, untrained_drafter,
                 "--batch-sizes", "7,16", "--out", tmp_path, "--generation", " ".join(LENGTH_CAP)])
-    n = PROBE_SENTENCES + 1
+    n = sentences + 1
     assert proc.stderr.count(f"{n} sentences, 0 different") == 2
     assert f"both runs: {' '.join(LENGTH_CAP)};" in proc.stderr
     assert "lossless: the same hypotheses as fairseq-generate --beam 1 at batch size(s) 7,16" in proc.stderr

@@ -26,7 +26,7 @@ import itertools
 
 import pytest
 import torch
-from helpers import (PLUGINS, assert_same_hypotheses, generate, hypotheses, probe_set, tiny_dictionary,
+from helpers import (LENGTH_CAP, PLUGINS, assert_same_hypotheses, generate, hypotheses, probe_set, tiny_dictionary,
                      tiny_transformer)
 
 SMALL = 16  # probe sentences decoded here (and the empty line)
@@ -98,7 +98,7 @@ def bf16_task(data, verifier, drafter_path):
     parser = options.get_generation_parser()
     args = options.parse_args_and_arch(parser, [
         str(data), "--user-dir", PLUGINS, "--task", "translation_speculative", "--path", str(verifier), "--cpu",
-        "--beam", "1", "--drafter-path", str(drafter_path), "--spec-k", "6", "--spec-acceptance", "exact"])
+        "--beam", "1", *LENGTH_CAP, "--drafter-path", str(drafter_path), "--spec-k", "6", "--spec-acceptance", "exact"])
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     task.log_stats = False  # no statistics at the test run's exit
@@ -120,7 +120,8 @@ def test_bfloat16_models_decode_as_fairseq_greedy(probe, verifier, drafters, rol
     spec = task.build_generator([model], gen_cfg)
     assert spec.drafter is not None and spec.kernels == "native"
     assert {p.dtype for p in spec.drafter.model.parameters()} == {torch.bfloat16}
-    stock = SequenceGenerator([model], task.target_dictionary, beam_size=1)
+    stock = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_a=gen_cfg.max_len_a,
+                              max_len_b=gen_cfg.max_len_b)  # the suite's cap (LENGTH_CAP), as the task's
     dataset = task.dataset("test")
     ids = list(range(SMALL))
     for batch in [[i] for i in ids] + [ids]:
