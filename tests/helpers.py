@@ -124,13 +124,17 @@ def generate(data, verifier, *options, check=True, cli=False):
     By default in this process (``in_process``: fairseq-generate's own ``cli_main``,
     parser and error path, without 3-4 s of interpreter start-up per run); ``cli=True``
     starts the program itself."""
-    argv = generation_argv(data, verifier, *options)
-    if cli:
-        proc = subprocess.run([str(BIN / "fairseq-generate"), *argv], capture_output=True, text=True, cwd=REPO,
-                              env=tool_env())
-    else:
-        proc = in_process("fairseq-generate", argv)
+    proc = console("fairseq-generate", generation_argv(data, verifier, *options), program=cli)
     return succeeded(proc) if check else proc
+
+
+def console(prog, argv, program=False):
+    """Console script ``prog`` with ``argv``: the program itself (``program``), or its entry
+    point in this process (``in_process``); a completed process."""
+    argv = [str(a) for a in argv]
+    if program:
+        return subprocess.run([str(BIN / prog), *argv], capture_output=True, text=True, cwd=REPO, env=tool_env())
+    return in_process(prog, argv)
 
 
 LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"  # fairseq_cli's

@@ -7,13 +7,11 @@ import math
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 
 import matplotlib.colors
 import pytest
 import torch
-from helpers import BIN, CAP_LEN, in_process, rows_of, run, source_batch, tiny_bart, tiny_transformer
+from helpers import BIN, CAP_LEN, console, rows_of, run, source_batch, tiny_bart, tiny_transformer
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front
@@ -222,7 +220,7 @@ def test_configs_help_lists_every_named_configuration():
 
 
 def test_configurations_need_the_drafter_they_draft_with(multi30k, verifier, drafter, tmp_path):
-    proc = bench_cli([multi30k, "--path", verifier, "--drafter-path", drafter, "--configs", "greedy,cmasd,ar-g2,ar-g4",
+    proc = console("cmasd-bench", [multi30k, "--path", verifier, "--drafter-path", drafter, "--configs", "greedy,cmasd,ar-g2,ar-g4",
                       "--out-dir", tmp_path])
     assert proc.returncode == 2
     assert "cmasd-bench: error: --ar-drafter-path is required by the configurations ar-g2, ar-g4" in proc.stderr
@@ -250,20 +248,12 @@ def test_configs_parse_adhoc_definitions():
     (["/no/such/dir", "--path", "/no/such.pt", "--configs", "greedy,x:drafter=lstm"], "drafter=lstm; choose from", False),
 ])
 def test_bench_errors_are_one_line(argv, message, program):
-    proc = bench_cli(argv, program=program)
+    proc = console("cmasd-bench", argv, program=program)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
 
-
-def bench_cli(argv, program=False):
-    """cmasd-bench with ``argv``: the program (``program``) or its entry point in this
-    process (helpers.in_process); a completed process."""
-    argv = [str(a) for a in argv]
-    if program:
-        return subprocess.run([sys.executable, "-m", "cmasd.tools.bench", *argv], capture_output=True, text=True)
-    return in_process("cmasd-bench", argv)
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +428,7 @@ def test_sampling_bench_errors_are_one_line(multi30k, verifier, argv, message, t
 
 def assert_one_line_error(argv, message, tmp_path):
     """cmasd-bench with ``argv`` exits 2 with one error line that says ``message``."""
-    proc = bench_cli([*argv, "--out-dir", tmp_path])
+    proc = console("cmasd-bench", [*argv, "--out-dir", tmp_path])
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("cmasd-bench: error:")]
     assert len(lines) == 1 and message in lines[0], proc.stderr

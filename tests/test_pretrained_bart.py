@@ -18,11 +18,10 @@ test_block_scoring.py.
 
 import collections
 import json
-import subprocess
 
 import pytest
 import torch
-from helpers import BIN, PLUGINS, REPO, hypotheses, in_process, run, tool_env
+from helpers import BIN, PLUGINS, REPO, console, hypotheses, run
 
 from cmasd.tools.prep.cli import main as prep_main
 
@@ -119,16 +118,12 @@ def zoo_bart(multi30k, tmp_path_factory):
 
 def generate(model_dir, data, *options, program=False):
     """fairseq-generate on the test split (batch 16 unless ``options`` say otherwise): its
-    entry point in this process (helpers.in_process), or the program itself (``program``)."""
-    argv = [str(c) for c in [data, "--user-dir", PLUGINS, "--task", "translation_speculative",
-                             "--path", model_dir / "model.pt", "--gen-subset", "test", "--cpu", "--beam", "1",
-                             "--max-len-b", "40", "--batch-size", "16", "--required-batch-size-multiple", "1",
-                             "--num-workers", "0", "--bpe", "gpt2", "--gpt2-encoder-json", model_dir / "encoder.json",
-                             "--gpt2-vocab-bpe", model_dir / "vocab.bpe", *options]]
-    if program:
-        return subprocess.run([str(BIN / "fairseq-generate"), *argv], capture_output=True, text=True, cwd=REPO,
-                              env=tool_env())
-    return in_process("fairseq-generate", argv)
+    entry point in this process, or the program itself (``program``; helpers.console)."""
+    argv = [data, "--user-dir", PLUGINS, "--task", "translation_speculative", "--path", model_dir / "model.pt",
+            "--gen-subset", "test", "--cpu", "--beam", "1", "--max-len-b", "40", "--batch-size", "16",
+            "--required-batch-size-multiple", "1", "--num-workers", "0", "--bpe", "gpt2",
+            "--gpt2-encoder-json", model_dir / "encoder.json", "--gpt2-vocab-bpe", model_dir / "vocab.bpe", *options]
+    return console("fairseq-generate", argv, program=program)
 
 
 @pytest.fixture(scope="module")

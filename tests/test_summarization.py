@@ -8,7 +8,7 @@ import json
 import sys
 
 import torch
-from helpers import BIN, PLUGINS, REPO, hypotheses, in_process, run, succeeded
+from helpers import PLUGINS, REPO, console, hypotheses, run, succeeded
 
 TEST_DIALOGUES = 819
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
@@ -18,14 +18,12 @@ RULES = ["--beam", "1", "--max-len-b", "24", "--min-len", "3", "--no-repeat-ngra
 
 
 def summarize(data, verifier, *options, program=False):
-    """fairseq-generate on the test split: the program, or its entry point in this process
-    (helpers.in_process); a completed process."""
+    """fairseq-generate on the test split: the program (``program``), or its entry point in
+    this process (helpers.console); a completed process."""
     argv = [data, "--user-dir", PLUGINS, "--task", "translation_speculative", "--path", verifier, "--gen-subset", "test",
             "--cpu", "--batch-size", "16", "--required-batch-size-multiple", "1", "--num-workers", "0",
             "--post-process", "sentencepiece", *RULES, *options]
-    if program:
-        return run([BIN / "fairseq-generate", *argv])
-    return succeeded(in_process("fairseq-generate", [str(a) for a in argv]))
+    return succeeded(console("fairseq-generate", argv, program=program))
 
 
 def test_a_tiny_bart_verifier_summarizes_every_test_dialogue_in_order(samsum, tmp_path):
