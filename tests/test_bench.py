@@ -11,7 +11,7 @@ import statistics
 import matplotlib.colors
 import pytest
 import torch
-from helpers import BIN, CAP_LEN, console, rows_of, run, source_batch, tiny_bart, tiny_transformer
+from helpers import BIN, LENGTH_CAP, console, rows_of, run, source_batch, tiny_bart, tiny_transformer
 
 from cmasd.tools.bench import CONFIGS, line_styles, resolve_configs
 from cmasd.tools.tune import pareto_front
@@ -28,8 +28,6 @@ SPECULATIVE_STATS = [
 QUALITY = ["bleu", "quality_std", "bleu_vs_greedy", "exact_match_vs_greedy"]
 
 
-# the suite's length cap (helpers.LENGTH_CAP), as cmasd-bench takes it
-CAPPED = ["--max-len-b", str(CAP_LEN)]
 EXITS = {"mean_exit_layer", "layers_skipped"}  # drafts that exit the verifier's layers early (SpecBound) only
 
 
@@ -48,7 +46,7 @@ def bench_out(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter,
                 "--ar-drafter-path", ar_drafter, "--max-sentences", "12", "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
                 "--repeats", "1", "--warmup", "1", "--warmup-batches", "1", "--configs", ",".join(BENCH_CONFIGS),
-                "--threads", "1", *CAPPED, "--out-dir", out])
+                "--threads", "1", *LENGTH_CAP, "--out-dir", out])
     (out / "stderr.txt").write_text(proc.stderr)
     return out
 
@@ -220,8 +218,8 @@ def test_configs_help_lists_every_named_configuration():
 
 
 def test_configurations_need_the_drafter_they_draft_with(multi30k, verifier, drafter, tmp_path):
-    proc = console("cmasd-bench", [multi30k, "--path", verifier, "--drafter-path", drafter, "--configs", "greedy,cmasd,ar-g2,ar-g4",
-                      "--out-dir", tmp_path])
+    proc = console("cmasd-bench", [multi30k, "--path", verifier, "--drafter-path", drafter,
+                                   "--configs", "greedy,cmasd,ar-g2,ar-g4", "--out-dir", tmp_path])
     assert proc.returncode == 2
     assert "cmasd-bench: error: --ar-drafter-path is required by the configurations ar-g2, ar-g4" in proc.stderr
 
@@ -255,7 +253,6 @@ def test_bench_errors_are_one_line(argv, message, program):
     assert "Traceback" not in proc.stderr
 
 
-
 @pytest.fixture(scope="module")
 def ct2_verifier(verifier, tmp_path_factory):
     """A copy of the tiny verifier in a directory of its own (its conversion is cached beside it)."""
@@ -271,7 +268,7 @@ def ct2_bench(multi30k, checkpoint, out, configs="greedy,ct2-greedy,ct2-greedy-1
     process on the two cores, the first of these tests took 49 and 85 s in two runs, 19 s alone."""
     run([BIN / "cmasd-bench", multi30k, "--path", checkpoint, "--configs", configs,
          "--max-sentences", "12", "--batch-sizes", batch_sizes, "--repeats", "1", "--warmup", "0", "--threads", "1",
-         *CAPPED, "--out-dir", out], env=env or {})
+         *LENGTH_CAP, "--out-dir", out], env=env or {})
     return json.loads((out / "bench.json").read_text())
 
 
@@ -393,7 +390,7 @@ def sampling_json(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path",
                 ar_drafter, "--max-sentences", "12", "--batch-sizes", "1,4", "--warmup", "0", "--threads", "1",
                 "--sampling", "--temperature", "0.9", "--seeds", "3,4", "--configs", ",".join(SAMPLING_CONFIGS),
-                *CAPPED, "--out-dir", out])
+                *LENGTH_CAP, "--out-dir", out])
     assert "fairseq's SequenceGenerator sampling" in proc.stdout
     return json.loads((out / "bench.json").read_text())
 
@@ -443,7 +440,7 @@ def sweep_json(multi30k, verifier, drafter, ar_drafter, tmp_path_factory):
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--drafter-path", drafter, "--ar-drafter-path",
                 ar_drafter, "--max-sentences", "8", "--batch-sizes", "1,4", "--repeats", "1", "--warmup", "0",
                 "--threads", "1", "--sweep-gamma", "3,1,26", "--configs", ",".join(["loop-greedy"] + SWEPT),
-                *CAPPED, "--out-dir", out])
+                *LENGTH_CAP, "--out-dir", out])
     assert "× fixed γ" in proc.stdout and "gamma 26 left out" in proc.stdout
     return json.loads((out / "bench.json").read_text())
 

@@ -4,7 +4,7 @@ training sources, sharded, binarized with the same dictionary, and skipped on a 
 import subprocess
 
 import pytest
-from helpers import BIN, PLUGINS, REPO, in_process, run, succeeded, tool_env
+from helpers import BIN, PLUGINS, REPO, console, run, succeeded, tool_env
 from fairseq.data import data_utils
 
 TRAIN_SENTENCES = 40
@@ -56,10 +56,9 @@ def test_distill_in_two_shards_then_skip(small_data, verifier, tmp_path):
     assert len(hypotheses) == len(sources) == TRAIN_SENTENCES
     original = (small_data.parent / "train.en").read_text().splitlines()
     assert [s.split() for s in sources] == [s.split() for s in original]
-    greedy = succeeded(in_process("fairseq-generate", [str(small_data), "--user-dir", str(PLUGINS), "--path", str(verifier),
-                                                       "--gen-subset", "train", "--beam", "1", "--batch-size", "20",
-                                                       "--required-batch-size-multiple", "1", "--num-workers", "0",
-                                                       "--cpu"]))
+    greedy = succeeded(console("fairseq-generate", [small_data, "--user-dir", PLUGINS, "--path", verifier,
+                                                    "--gen-subset", "train", "--beam", "1", "--batch-size", "20",
+                                                    "--required-batch-size-multiple", "1", "--num-workers", "0", "--cpu"]))
     translations = {}
     for line in greedy.stdout.splitlines():
         if line.startswith("H-"):

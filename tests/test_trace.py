@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from fairseq.tasks.translation import TranslationTask
-from helpers import PLUGINS, REPO, in_process, tool_env
+from helpers import PLUGINS, REPO, console, tool_env
 
 from cmasd.decoding.generator import SpeculativeGenerator
 from cmasd.tools import trace as tr
@@ -135,12 +135,8 @@ def test_option_errors_are_one_line(multi30k, verifier, drafter, extra, message)
     """The program itself for the last; its entry point in this process for the others (the
     same parser and report, without 4 s of start-up each)."""
     extra = [str(drafter) if e == "DRAFTER" else e for e in extra]
-    argv = [str(a) for a in generation_args(multi30k, verifier, *extra)]
-    if extra:  # all but the last, which names no drafter
-        proc = in_process("cmasd-trace", argv)
-    else:
-        proc = subprocess.run([sys.executable, "-m", "cmasd.tools.trace", *argv], capture_output=True, text=True,
-                              env=tool_env(PYTHONPATH=str(REPO)), cwd=REPO)
+    # (the program for the last case, which names no drafter)
+    proc = console("cmasd-trace", generation_args(multi30k, verifier, *extra), program=not extra)
     assert proc.returncode == 2
     # fairseq logs one notice on import when tensorboardX is missing, and in a process that
     # imported the plugins before, that --user-dir has been imported; nothing else may print
