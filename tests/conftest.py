@@ -23,7 +23,7 @@ from filelock import FileLock
 
 import fairseq_plugins  # noqa: F401  (as --user-dir does: models built in tests get its fairseq 0.12.2 fixes)
 from helpers import (  # noqa: F401  (tests import these from conftest too)
-    BIN, CAP_LEN, EMPTY_AT, HEAD_SENTENCES, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, generate, hypotheses, mirror_dir,
+    BIN, CAP_LEN, EMPTY_AT, HEAD_SENTENCES, LONG, PLUGINS, PROBE_SENTENCES, REPO, binarize, gemv_obstacle, generate, hypotheses, mirror_dir,
     mirror_missing, probe_set, raw_pairs, run, tool_env, VERY_LONG, LM_TRAIN_LINES, TINIER_LM, TINY_LM, train_lm)
 
 # Two pytest-xdist workers share the two cores: one torch thread each, as tool_env gives the
@@ -42,6 +42,21 @@ SPREAD = ["test_generate.py"]
 # bench's runs), then the SAMSum and CNN/DM data, which need no verifier, and the rest in
 # collection order; the spread tests last, to even out the end.
 FIRST = ["test_bench.py", "test_summarization_data.py", "test_summarization.py", "test_pretrained_bart.py"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The marks ``needs_extension`` (cmasd's C++ extension loads) and ``needs_gemv`` (and
+    oneDNN's packed linear is there: the gemv kernel runs), read as the test starts, before
+    its fixtures. Not skipif conditions, which are computed at collection: loading the
+    extension builds it on a fresh machine (35-75 s), and at collection both workers
+    waited for that build before their first test."""
+    from cmasd.layers import extension
+
+    if item.get_closest_marker("needs_extension") and extension.load()[1] is not None:
+        pytest.skip(f"the C++ extension is unavailable: {extension.load()[1]}")
+    if item.get_closest_marker("needs_gemv") and gemv_obstacle() is not None:
+        pytest.skip(f"the gemv kernel is unavailable: {gemv_obstacle()}")
 
 
 def module_file(nodeid):

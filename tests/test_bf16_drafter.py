@@ -13,7 +13,6 @@ from helpers import (MAX_LEN, assert_same_hypotheses, decodes_as_greedy, draft_m
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.spec_drafter import SpecDrafter
-from cmasd.layers import extension
 from cmasd.layers.cache import BlockScorer
 from cmasd.layers.kernels import GEMV_MAX_ROWS, Bf16Linear, packing_available
 from cmasd.options import SpeculativeDecodingConfig
@@ -21,10 +20,9 @@ from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
 
-OBSTACLE = extension.load()[1]
-pytestmark = pytest.mark.skipif(OBSTACLE is not None, reason=f"the panel kernel is unavailable: {OBSTACLE}")
+pytestmark = pytest.mark.needs_extension  # (read as a test starts: conftest.py)
 # the verifier's kernels: gemv where it runs (the default), else torch's
-VERIFIER_KERNELS = "gemv" if OBSTACLE is None and packing_available() else "native"
+VERIFIER_KERNELS = "gemv" if packing_available() else "native"
 
 
 def models():

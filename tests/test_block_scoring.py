@@ -55,8 +55,7 @@ def incremental_logits(model, encoder_out, tokens):
 KERNELS = [
     "native",
     pytest.param("packed", marks=pytest.mark.skipif(not packing_available(), reason="no oneDNN packed linear")),
-    pytest.param("gemv", marks=pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
-                                                  reason=f"gemv unavailable: {extension.load()[1]}")),
+    pytest.param("gemv", marks=pytest.mark.needs_gemv),
 ]
 
 
@@ -184,10 +183,7 @@ def test_dropping_rows_copies_one_layer_at_a_time():
     assert [kv.size(0) for kv in kept.kv] == [2] * layers
 
 
-needs_extension = pytest.mark.skipif(extension.load()[0] is None, reason="the C++ extension is unavailable")
-
-
-@needs_extension
+@pytest.mark.needs_extension
 def test_dropping_rows_moves_the_kept_ones_down_in_place():
     """With the extension loaded and the rows ascending (the loop's), the kept rows move down
     in each tensor's own memory: the same values as index_select, no new tensor, rows before
@@ -211,7 +207,7 @@ def test_dropping_rows_moves_the_kept_ones_down_in_place():
     assert torch.equal(again.kv[0], expected_kv[0][[1]])
 
 
-@needs_extension
+@pytest.mark.needs_extension
 def test_compact_rows_refuses_what_it_cannot_move_in_place():
     """Rows whose source an earlier move overwrote (a swap), repeated or out of range,
     non-contiguous or overlapping tensors: False and nothing moved (keep_rows then copies
@@ -254,8 +250,7 @@ def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass(variant):
         torch.testing.assert_close(got[b, :n], expected[b, :n], rtol=0, atol=1e-4)
 
 
-@pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
-                    reason=f"gemv unavailable: {extension.load()[1]}")
+@pytest.mark.needs_gemv
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("bsz", [1, 2])
 def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, bsz):
@@ -404,8 +399,7 @@ def tiny_decoder(normalize_before: bool, dim: int, heads: int, cross: bool):
 FUSED_SHAPES = [(1, 1), (1, 5), (3, 4), (16, 1), (8, 8)]
 
 
-@pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
-                    reason=f"gemv unavailable: {extension.load()[1]}")
+@pytest.mark.needs_gemv
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("cross", [True, False])
 @pytest.mark.parametrize("dim,heads", [(32, 4), (36, 4), (128, 2)])  # head dims 8, 9 (scalar tails), 64 (folded)
@@ -469,8 +463,7 @@ def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, head
         torch.set_num_threads(threads)
 
 
-@pytest.mark.skipif(not packing_available() or extension.load()[1] is not None,
-                    reason=f"gemv unavailable: {extension.load()[1]}")
+@pytest.mark.needs_gemv
 def test_fused_layers_refuse_what_they_cannot_run():
     """Positions past a cache's capacity, a mask that does not broadcast, caches of another
     shape: errors, not writes out of bounds."""
@@ -517,7 +510,7 @@ def test_a_plain_input_embeds_as_fairseqs_modules(learned_pos):
     assert DecodingDecoder(decoder, "native").input_tables is None
 
 
-@pytest.mark.skipif(extension.load()[0] is None, reason="the C++ extension is unavailable here")
+@pytest.mark.needs_extension
 @pytest.mark.parametrize("learned_pos", [False, True])
 def test_the_native_input_embeds_as_the_tables_do(learned_pos):
     """With the C++ layers, ``BlockScorer.embed`` is one ``embed_rows`` call: bit for bit

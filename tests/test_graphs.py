@@ -23,13 +23,12 @@ from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.early_exit import EarlyExitDrafter, VerifierHeads
 from cmasd.drafters.spec_drafter import SpecDrafter
-from cmasd.layers import extension
 from cmasd.layers.graphs import Arena, ArenaCache, CudaGraphs, EagerGraphs, GraphedScorer, bucket
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
 
-KERNELS = ["native", "packed"] + (["gemv"] if extension.load()[0] is not None else [])
+KERNELS = ["native", "packed", pytest.param("gemv", marks=pytest.mark.needs_extension)]
 
 
 @pytest.fixture(scope="module")

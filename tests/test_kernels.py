@@ -12,11 +12,10 @@ import torch.nn.functional as F
 from cmasd.layers.prepared import DecodingLayer, additive_mask, decoder_layer, exact_power_of_two
 from cmasd.layers import extension
 from cmasd.layers.kernels import GEMV_MAX_ROWS, packing_available, prepared_linear, resolve_kernels
-from helpers import tiny_transformer
+from helpers import gemv_obstacle, tiny_transformer
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
-GEMV_OBSTACLE = extension.load()[1] or (None if packing_available() else "no oneDNN packed linear")
-needs_gemv = pytest.mark.skipif(GEMV_OBSTACLE is not None, reason=f"the gemv kernel is unavailable: {GEMV_OBSTACLE}")
+needs_gemv = pytest.mark.needs_gemv  # (read as a test starts: conftest.py)
 
 
 @pytest.mark.parametrize("kernels", ["native", pytest.param("packed", marks=needs_packing),
@@ -102,11 +101,9 @@ def test_bf16_refuses_what_it_cannot_run(monkeypatch):
         prepared_linear(torch.zeros(4, 4), None, "bf16")
 
 
-def isas():
-    """The instruction sets panel_linear runs on this CPU (avx2; avx512f where it has it)."""
-    if GEMV_OBSTACLE is not None:
-        return []
-    module = extension.load()[0]
+def isas(module):
+    """The instruction sets the extension ``module``'s panel_linear runs on this CPU (avx2;
+    avx512f where it has it)."""
     default = module.panel_isa()
     try:
         return ["avx2"] + (["avx512f"] if module.panel_isa("avx512f") == "avx512f" else [])
@@ -116,10 +113,13 @@ def isas():
         module.panel_isa(default)
 
 
-@pytest.fixture(params=isas() or [pytest.param(None, marks=needs_gemv)])
+@pytest.fixture(params=[pytest.param(isa, marks=needs_gemv) for isa in ("avx2", "avx512f")])
 def panel_kernel(request):
-    """The extension module with panel_linear on one instruction set (set back afterwards)."""
+    """The extension module with panel_linear on one instruction set (set back afterwards):
+    AVX2, and AVX-512F where the CPU has it (skipped where not)."""
     module = extension.load()[0]
+    if request.param not in isas(module):
+        pytest.skip(f"this CPU has no {request.param}")
     default = module.panel_isa()
     module.panel_isa(request.param)
     yield module
@@ -212,7 +212,7 @@ def test_panel_linear_rows_do_not_depend_on_the_rows_beside_them(panel_kernel, f
         assert torch.equal(panel_kernel.panel_linear(x[:rows], panels, bias, True), alone[:rows]), rows
     block = x[3:19]  # 16 rows from the middle: another split into tiles for each row
     assert torch.equal(panel_kernel.panel_linear(block, panels, bias, True), alone[3:19])
-    for isa in isas():
+    for isa in isas(panel_kernel):
         default = panel_kernel.panel_isa()
         panel_kernel.panel_isa(isa)
         try:
@@ -237,7 +237,7 @@ def test_kernel_choice():
         resolve_kernels("packed", torch.zeros(1, dtype=torch.float16))
     with pytest.raises(ValueError, match="--spec-kernels: unknown 'fast'"):
         resolve_kernels("fast", cpu32)
-    if GEMV_OBSTACLE is None:
+    if gemv_obstacle() is None:
         assert resolve_kernels("auto", cpu32) == "gemv"
     else:
         assert resolve_kernels("auto", cpu32) == ("packed" if packing_available() else "native")

@@ -16,13 +16,12 @@ from helpers import draft_model, source_batch, tiny_drafter
 from cmasd.core.verifying import Controller, RowState
 from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
-from cmasd.layers import extension
 from cmasd.layers.transformer import Ragged
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
 from cmasd.verification.controllers import Fixed
 
-KERNELS = ["native", "packed"] + (["gemv"] if extension.load()[0] is not None else [])
+KERNELS = ["native", "packed", pytest.param("gemv", marks=pytest.mark.needs_extension)]
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,15 @@
 // their own (``causal``: no mask to build) and/or an additive mask. Its parity with the
 // Python layers is tested (tests/test_block_scoring.py), to float32 tolerance (the
 // attention's sums and exponentials, and the layer norms', are not torch's).
-#include <torch/extension.h>
+// ATen's tensor, the three operators used and torch's pybind11 casters, not <torch/extension.h>:
+// that header (the whole C++ frontend) was two thirds of the build (45 of 66 s on a 2-core
+// Zen 3 host; the build is paid on first use on every fresh machine, CI's included).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <immintrin.h>
 
@@ -278,17 +285,17 @@ std::string panel_isa(const std::string& choose) {
 // ceil(in / 2), 16, 2): [p][j][o][h] holds weight[16 p + o][2 j + h] rounded to bfloat16 (to
 // nearest, ties to even: torch's float -> bfloat16 conversion), zeros past out and in
 // (Layout).
-torch::Tensor pack_panels(torch::Tensor weight, bool bf16) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat && !weight.is_cuda(),
+at::Tensor pack_panels(at::Tensor weight, bool bf16) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && !weight.is_cuda(),
               "pack_panels: a float32 CPU matrix (out, in)");
   const int64_t out_features = weight.size(0), in = weight.size(1), panels = (out_features + PANEL - 1) / PANEL;
   if (!bf16) {
-    auto padded = torch::zeros({panels * PANEL, in}, weight.options());
+    auto padded = at::zeros({panels * PANEL, in}, weight.options());
     padded.slice(0, 0, out_features).copy_(weight);
     return padded.view({panels, PANEL, in}).transpose(1, 2).contiguous();  // (P, in, 16)
   }
   const int64_t pairs = (in + 1) / 2;
-  auto padded = torch::zeros({panels * PANEL, 2 * pairs}, weight.options().dtype(torch::kBFloat16));
+  auto padded = at::zeros({panels * PANEL, 2 * pairs}, weight.options().dtype(at::kBFloat16));
   padded.slice(0, 0, out_features).slice(1, 0, in).copy_(weight);  // rounded here
   return padded.view({panels, PANEL, pairs, 2}).transpose(1, 2).contiguous();  // (P, ceil(in / 2), 16, 2)
 }
@@ -305,10 +312,10 @@ static void run_panels(const PanelCall<W>& a, int64_t panels) {
 
 // x (..., in), panels of pack_panels (float32 (P, in, 16) or bfloat16 (P, ceil(in / 2), 16,
 // 2)), bias (out,) -> (..., out)
-torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor bias, bool relu) {
-  const bool bf16 = panels.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && (panels.scalar_type() == torch::kFloat || bf16) &&
-              bias.scalar_type() == torch::kFloat, "panel_linear: float32 inputs and bias, float32 or bfloat16 panels");
+at::Tensor panel_linear(at::Tensor x, at::Tensor panels, at::Tensor bias, bool relu) {
+  const bool bf16 = panels.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (panels.scalar_type() == at::kFloat || bf16) &&
+              bias.scalar_type() == at::kFloat, "panel_linear: float32 inputs and bias, float32 or bfloat16 panels");
   TORCH_CHECK(panels.is_contiguous() && bias.is_contiguous() && !x.is_cuda() && !panels.is_cuda() && !bias.is_cuda(),
               "panel_linear: contiguous CPU tensors");
   const bool panel_shape = bf16 ? panels.dim() == 4 && panels.size(3) == 2 && x.dim() >= 1 &&
@@ -319,7 +326,7 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor panels, torch::Tensor 
   const auto xc = x.contiguous();
   auto sizes = x.sizes().vec();
   sizes.back() = bias.numel();
-  auto out = torch::empty(sizes, x.options());
+  auto out = at::empty(sizes, x.options());
   const int64_t rows = xc.numel() ? xc.numel() / xc.size(-1) : out.numel() ? out.numel() / bias.numel() : 0;
   if (out.numel() == 0) return out;
   const int64_t in = x.size(-1), stride = panels.numel() / panels.size(0);
@@ -342,22 +349,22 @@ namespace {
 // bias, checked once (add_layer); y = x W^T + b (ReLU optional) on dense rows, a range of
 // panels at a time (the team's threads share them), through panel_linear's kernel.
 struct PanelLinear {
-  torch::Tensor panels, bias;  // held: the pointers below point into them
+  at::Tensor panels, bias;  // held: the pointers below point into them
   const float* wf = nullptr;
   const uint16_t* wb = nullptr;  // bfloat16 panels: their bits
   const float* b = nullptr;
   int64_t in = 0, out = 0, stride = 0, count = 0;  // count: panels
 
   PanelLinear() = default;
-  PanelLinear(const torch::Tensor& p, const torch::Tensor& bias_, int64_t in_features, int64_t out_features,
+  PanelLinear(const at::Tensor& p, const at::Tensor& bias_, int64_t in_features, int64_t out_features,
               const char* what)
       : panels(p), bias(bias_), in(in_features), out(out_features) {
     TORCH_CHECK(p.defined() && bias_.defined() && !p.is_cuda() && !bias_.is_cuda() && p.is_contiguous() &&
-                bias_.is_contiguous() && bias_.scalar_type() == torch::kFloat && bias_.dim() == 1 &&
+                bias_.is_contiguous() && bias_.scalar_type() == at::kFloat && bias_.dim() == 1 &&
                 bias_.numel() == out_features, "FusedDecoder.add_layer: ", what, ": contiguous CPU panels and a float32 bias of ",
                 out_features, " features");
-    const bool bf16 = p.scalar_type() == torch::kBFloat16;
-    TORCH_CHECK(bf16 || p.scalar_type() == torch::kFloat, "FusedDecoder.add_layer: ", what,
+    const bool bf16 = p.scalar_type() == at::kBFloat16;
+    TORCH_CHECK(bf16 || p.scalar_type() == at::kFloat, "FusedDecoder.add_layer: ", what,
                 ": float32 or bfloat16 panels of pack_panels");
     const bool shape = bf16 ? p.dim() == 4 && p.size(1) == (in_features + 1) / 2 && p.size(3) == 2
                             : p.dim() == 3 && p.size(1) == in_features;
@@ -388,14 +395,14 @@ struct PanelLinear {
 };
 
 struct Norm {  // a layer norm's weight and bias (C,), float32
-  torch::Tensor weight, bias;
+  at::Tensor weight, bias;
   const float *w = nullptr, *b = nullptr;
   float eps = 0.f;
   Norm() = default;
-  Norm(const torch::Tensor& w_, const torch::Tensor& b_, double eps_, int64_t C, const char* what)
+  Norm(const at::Tensor& w_, const at::Tensor& b_, double eps_, int64_t C, const char* what)
       : weight(w_), bias(b_), eps(static_cast<float>(eps_)) {
     for (const auto* t : {&w_, &b_}) {
-      TORCH_CHECK(t->defined() && t->scalar_type() == torch::kFloat && !t->is_cuda() && t->is_contiguous() &&
+      TORCH_CHECK(t->defined() && t->scalar_type() == at::kFloat && !t->is_cuda() && t->is_contiguous() &&
                   t->dim() == 1 && t->numel() == C, "FusedDecoder.add_layer: ", what, ": float32 weight and bias (", C, ",)");
     }
     w = w_.data_ptr<float>();
@@ -457,11 +464,11 @@ struct Mask {
   int64_t sb = 0, st = 0;
 };
 
-static Mask mask_of(const c10::optional<torch::Tensor>& bias, int64_t B, int64_t T, int64_t Tk, const char* what) {
+static Mask mask_of(const c10::optional<at::Tensor>& bias, int64_t B, int64_t T, int64_t Tk, const char* what) {
   Mask m;
   if (!bias.has_value() || !bias->defined()) return m;
-  const torch::Tensor& t = *bias;
-  TORCH_CHECK(t.scalar_type() == torch::kFloat && !t.is_cuda() && t.dim() <= 4,
+  const at::Tensor& t = *bias;
+  TORCH_CHECK(t.scalar_type() == at::kFloat && !t.is_cuda() && t.dim() <= 4,
               "FusedDecoder.states: ", what, ": a float32 CPU mask broadcastable to (B, 1, T, keys)");
   int64_t size[4] = {1, 1, 1, 1}, stride[4] = {0, 0, 0, 0};
   for (int64_t k = 0, o = 4 - t.dim(); k < t.dim(); ++k) size[o + k] = t.size(k), stride[o + k] = t.stride(k);
@@ -720,7 +727,7 @@ class FusedDecoder {
   // when the layer has no encoder attention); the linear layers' weights as panels of
   // pack_panels (float32 or bfloat16), their biases dense (out,). numbers: self_scaling,
   // cross_scaling, the three layer norms' eps. Every layer of one width C (qkv: C -> 3C).
-  void add_layer(std::vector<torch::Tensor> t, std::vector<double> numbers, bool has_cross) {
+  void add_layer(std::vector<at::Tensor> t, std::vector<double> numbers, bool has_cross) {
     TORCH_CHECK(t.size() == 18 && numbers.size() == 5, "FusedDecoder.add_layer: 18 tensors and 5 numbers");
     TORCH_CHECK(t[1].defined() && t[1].dim() == 1 && t[1].numel() % 3 == 0, "FusedDecoder.add_layer: a qkv bias (3C,)");
     const int64_t C = t[1].numel() / 3;
@@ -754,17 +761,17 @@ class FusedDecoder {
   // all) and, with ``causal``, only those <= their own position. cross: per layer encoder
   // keys and values (B, H, S, d), cross_bias (broadcastable to (B, 1, 1, S)). Returns
   // (B, T, C).
-  torch::Tensor states(const torch::Tensor& x, const std::vector<torch::Tensor>& kv, const torch::Tensor& index,
-                       int64_t used, const c10::optional<torch::Tensor>& self_bias,
-                       const std::vector<torch::Tensor>& cross_k, const std::vector<torch::Tensor>& cross_v,
-                       const c10::optional<torch::Tensor>& cross_bias, bool causal) {
+  at::Tensor states(const at::Tensor& x, const std::vector<at::Tensor>& kv, const at::Tensor& index,
+                       int64_t used, const c10::optional<at::Tensor>& self_bias,
+                       const std::vector<at::Tensor>& cross_k, const std::vector<at::Tensor>& cross_v,
+                       const c10::optional<at::Tensor>& cross_bias, bool causal) {
     const size_t n_layers = layers_.size();
     TORCH_CHECK(kv.size() == n_layers && cross_k.size() == n_layers && cross_v.size() == n_layers,
                 "FusedDecoder.states: one cache and one encoder key/value pair per layer");
-    TORCH_CHECK(x.dim() == 3 && x.scalar_type() == torch::kFloat && !x.is_cuda() && (n_layers == 0 || x.size(2) == width_),
+    TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && !x.is_cuda() && (n_layers == 0 || x.size(2) == width_),
                 "FusedDecoder.states: x (B, T, C) float32 on the CPU, C the layers' width");
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = heads_, d = C / H, R = B * T;
-    auto result = torch::empty({B, T, C}, x.options());
+    auto result = at::empty({B, T, C}, x.options());
     float* xs = result.data_ptr<float>();
     {  // x's rows into the result, where the layers update them
       const float* xp = x.data_ptr<float>();
@@ -780,7 +787,7 @@ class FusedDecoder {
     if (R == 0 || n_layers == 0) return result;
 
     // the positions, (B, T)
-    TORCH_CHECK(index.scalar_type() == torch::kLong && !index.is_cuda() &&
+    TORCH_CHECK(index.scalar_type() == at::kLong && !index.is_cuda() &&
                 ((index.dim() == 2 && index.size(0) == B && index.size(1) == T) ||
                  (index.dim() == 4 && index.size(0) == B && index.size(2) == T)),
                 "FusedDecoder.states: positions (B, T) int64 (or the scatter index (B, 2H, T, d))");
@@ -804,10 +811,10 @@ class FusedDecoder {
     for (size_t i = 0; i < n_layers; ++i) {
       F = std::max(F, layers_[i].fc1.out);
       if (layers_[i].has_cross) {
-        const torch::Tensor &k = cross_k[i], &v = cross_v[i];
+        const at::Tensor &k = cross_k[i], &v = cross_v[i];
         TORCH_CHECK(k.defined() && v.defined() && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() &&
                     (k.size(0) == B || k.size(0) == 1) && k.size(1) == H && k.size(3) == d &&
-                    k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat && !k.is_cuda() &&
+                    k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && !k.is_cuda() &&
                     !v.is_cuda() && k.stride(3) == 1 && v.stride(3) == 1,
                     "FusedDecoder.states: encoder keys and values (B, H, S, d) float32 on the CPU, the head dimension dense");
         most_keys = std::max(most_keys, k.size(2));
@@ -825,9 +832,9 @@ class FusedDecoder {
 
     views_.resize(n_layers);
     for (size_t i = 0; i < n_layers; ++i) {
-      const torch::Tensor& cache = kv[i];
+      const at::Tensor& cache = kv[i];
       TORCH_CHECK(cache.dim() == 4 && cache.size(0) == B && cache.size(1) == 2 * H && cache.size(3) == d &&
-                  cache.scalar_type() == torch::kFloat && !cache.is_cuda() && cache.stride(3) == 1,
+                  cache.scalar_type() == at::kFloat && !cache.is_cuda() && cache.stride(3) == 1,
                   "FusedDecoder.states: caches (B, 2H, capacity, d) float32 on the CPU, the head dimension dense");
       TORCH_CHECK(used <= cache.size(2) && highest < cache.size(2), "FusedDecoder.states: the block reaches position ",
                   std::max(used - 1, highest), ", past the cache's capacity ", cache.size(2));
@@ -835,7 +842,7 @@ class FusedDecoder {
       w.kv = cache.data_ptr<float>();
       w.cb = cache.stride(0), w.ch = cache.stride(1), w.cj = cache.stride(2);
       if (layers_[i].has_cross) {
-        const torch::Tensor &k = cross_k[i], &v = cross_v[i];
+        const at::Tensor &k = cross_k[i], &v = cross_v[i];
         w.ck = Heads{k.data_ptr<float>(), k.size(0) == 1 ? 0 : k.stride(0), k.stride(1), k.stride(2)};
         w.cv = Heads{v.data_ptr<float>(), v.size(0) == 1 ? 0 : v.stride(0), v.stride(1), v.stride(2)};
         w.S = k.size(2);
@@ -945,21 +952,21 @@ class FusedDecoder {
 // multiply and the add stay two roundings: no fused multiply-add here (fp-contract off), so
 // that the result is torch's bit for bit.
 __attribute__((optimize("fp-contract=off")))
-torch::Tensor embed_rows(torch::Tensor tokens, torch::Tensor start, torch::Tensor token_table,
-                         c10::optional<torch::Tensor> position_table, double scale, int64_t offset, int64_t last) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong && start.dim() == 1 &&
-              start.scalar_type() == torch::kLong && start.size(0) == tokens.size(0),
+at::Tensor embed_rows(at::Tensor tokens, at::Tensor start, at::Tensor token_table,
+                         c10::optional<at::Tensor> position_table, double scale, int64_t offset, int64_t last) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && start.dim() == 1 &&
+              start.scalar_type() == at::kLong && start.size(0) == tokens.size(0),
               "embed_rows: tokens (B, n) and start (B,), int64");
-  TORCH_CHECK(token_table.dim() == 2 && token_table.scalar_type() == torch::kFloat && token_table.is_contiguous() &&
+  TORCH_CHECK(token_table.dim() == 2 && token_table.scalar_type() == at::kFloat && token_table.is_contiguous() &&
               !token_table.is_cuda() && !tokens.is_cuda(), "embed_rows: a contiguous float32 token table (V, C) on CPU");
   const bool positions = position_table.has_value() && position_table->defined();
   if (positions)
-    TORCH_CHECK(position_table->dim() == 2 && position_table->scalar_type() == torch::kFloat &&
+    TORCH_CHECK(position_table->dim() == 2 && position_table->scalar_type() == at::kFloat &&
                 position_table->is_contiguous() && position_table->size(1) == token_table.size(1) &&
                 last < position_table->size(0), "embed_rows: a contiguous float32 position table (P, C), P > last");
   const auto tok = tokens.contiguous(), first = start.contiguous();
   const int64_t B = tok.size(0), n = tok.size(1), C = token_table.size(1), V = token_table.size(0);
-  auto out = torch::empty({B, n, C}, token_table.options());
+  auto out = at::empty({B, n, C}, token_table.options());
   const int64_t* t = tok.data_ptr<int64_t>();
   const int64_t* s = first.data_ptr<int64_t>();
   const float* table = token_table.data_ptr<float>();
@@ -1042,14 +1049,14 @@ static int64_t unique_largest(const float* row, int64_t V) {
   return equal == 1 ? first : -1;  // every value -inf: a tie, which topk decides
 }
 
-torch::Tensor top1(torch::Tensor x) {
-  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat && !x.is_cuda() && x.size(-1) > 0,
+at::Tensor top1(at::Tensor x) {
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && !x.is_cuda() && x.size(-1) > 0,
               "top1: float32 values (..., V) on CPU, V > 0");
   const auto rows = x.contiguous().view({-1, x.size(-1)});
   const int64_t N = rows.size(0), V = rows.size(1);
   auto sizes = x.sizes().vec();
   sizes.pop_back();
-  auto out = torch::empty({N}, x.options().dtype(torch::kLong));
+  auto out = at::empty({N}, x.options().dtype(at::kLong));
   const float* p = rows.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, N, std::max<int64_t>(1, 65536 / V), [&](int64_t begin, int64_t end) {
@@ -1070,8 +1077,8 @@ torch::Tensor top1(torch::Tensor x) {
 // out of any tensor's rows or repeated, a row whose source was overwritten by an earlier move
 // (keep[j] = j' for some j' < j with keep[j'] != j'), a tensor not contiguous or on a GPU, or
 // two tensors whose memory overlaps without being the same.
-bool compact_rows(std::vector<torch::Tensor> tensors, torch::Tensor keep) {
-  if (keep.dim() != 1 || keep.scalar_type() != torch::kLong || keep.is_cuda()) return false;
+bool compact_rows(std::vector<at::Tensor> tensors, at::Tensor keep) {
+  if (keep.dim() != 1 || keep.scalar_type() != at::kLong || keep.is_cuda()) return false;
   const auto order = keep.contiguous();
   const int64_t* r = order.data_ptr<int64_t>();
   const int64_t n = order.size(0);
