@@ -5,8 +5,8 @@ input; ``top1``, the greedy token of each row of a verifier's log-probabilities)
 first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
-(``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; about 25 s on two
-cores) with ninja and the system's C++ compiler, for AVX2 + FMA. Where it cannot be
+(``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; 30-50 s on two
+Zen 3 cores) with ninja and the system's C++ compiler, for AVX2 + FMA. Where it cannot be
 built or run (no compiler, another architecture, a CPU without AVX2/FMA) ``load``
 says why, and ``--spec-kernels auto`` falls back to the packed oneDNN kernel
 (``--spec-drafter-quantize bf16``, which has no other kernel, is refused with the reason).
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
 NAME = "cmasd_decoding_v8"  # a new name when the source's interface changes
 # torch's build lock older than this was left by a build that was killed (a build takes
-# about 25 s; the lock is never released then, and every later process waits on it forever)
+# under a minute; the lock is never released then, and every later process waits on it forever)
 STALE_LOCK_SECONDS = 600.0
 
 
@@ -125,7 +125,7 @@ def load() -> Tuple[Optional[Any], Optional[str]]:
     if obstacle:
         return None, obstacle
     try:
-        logger.info(f"loading cmasd's C++ kernels ({os.path.basename(SOURCE)}; compiled on first use, about 25 s "
+        logger.info(f"loading cmasd's C++ kernels ({os.path.basename(SOURCE)}; compiled on first use, under a minute "
                     "once per machine)")
         module = compile_and_load()
     except (ImportError, OSError, RuntimeError, SystemExit) as e:  # no ninja, no compiler, a failed build
