@@ -186,17 +186,14 @@ def test_a_shorter_block_drafts_as_a_drafter_of_that_block():
         drafting.logits(drafting.start_cache(encoder_out, 12), tokens, lengths, block=BLOCK + 1)
 
 
-@pytest.mark.parametrize("kernels", ["packed", "gemv", "int8"])
+@pytest.mark.parametrize("kernels", ["packed", pytest.param("gemv", marks=pytest.mark.needs_gemv), "int8"])
 def test_drafting_on_other_kernels_drafts_as_native(kernels):
     """Packed and gemv float32 kernels give the native logits to float tolerance; int8
     weights give logits close to them. The model keeps its own float32 nn.Linear layers."""
-    from cmasd.layers import extension
     from cmasd.layers.kernels import GemvLinear, Int8Linear, PackedLinear, packing_available
 
-    if kernels in ("packed", "gemv") and not packing_available():
+    if kernels == "packed" and not packing_available():
         pytest.skip("this torch build has no oneDNN packed linear")
-    if kernels == "gemv" and extension.load()[1]:
-        pytest.skip(f"the gemv kernel is unavailable: {extension.load()[1]}")
     drafter, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(7)
     src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, 2)
