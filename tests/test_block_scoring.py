@@ -525,36 +525,3 @@ def test_the_native_input_embeds_as_the_tables_do(learned_pos):
     assert torch.equal(scorer.embed(tokens, start), scorer.decoder.embed(tokens, index))
     with pytest.raises(RuntimeError, match="outside the table"):
         scorer.embed(torch.full((1, 1), len(dictionary) + 3), start[:1])
-
-
-@pytest.mark.needs_gemv
-def test_a_wide_fed_block_runs_in_pieces_and_scores_as_fairseq():
-    """``fed_states`` of a block wider than the fused C++ layers take (3 rows of 40
-    positions, each row from its own position): run in pieces that each fit them, the
-    later attending to the earlier ones' keys, it scores as fairseq's incremental decoding."""
-    from cmasd.layers.kernels import GEMV_MAX_ROWS
-
-    model, dictionary = tiny_transformer(True, learned_pos=True)
-    pad, bsz, n = dictionary.pad(), 3, 40
-    assert bsz * n > GEMV_MAX_ROWS
-    torch.manual_seed(7)
-    src = torch.randint(4, len(dictionary), (bsz, 6))
-    tgt = torch.randint(4, len(dictionary), (bsz, 5 + n))
-    tgt[:, 0] = dictionary.eos()
-    with torch.no_grad():
-        encoder_out = model.encoder(src, src_lengths=src.ne(pad).sum(1))
-        expected = incremental_logits(model, encoder_out, tgt)  # (B, T, V)
-        scorer = BlockScorer(model.decoder, "gemv")
-        cache = scorer.start(encoder_out, capacity=5 + n)
-        first = torch.tensor([3, 5, 1])  # each row's prefix, scored before the wide block
-        scorer.score(cache, tgt[:, :5], torch.zeros(bsz, dtype=torch.long))
-        calls = []
-        states = scorer.states
-        scorer.states = lambda *args, **kwargs: calls.append(args[1].shape) or states(*args, **kwargs)
-        block = torch.stack([tgt[b, first[b] : first[b] + n] for b in range(bsz)])  # (B, n)
-        got = scorer.decoder.logits(scorer.fed_states(cache, block, first, int((first + n).max())))  # (B, n, V)
-    assert len(calls) > 1 and all(bsz * shape[1] <= GEMV_MAX_ROWS for shape in calls)
-    assert sum(shape[1] for shape in calls) == n
-    want = torch.stack([expected[b, first[b] : first[b] + n] for b in range(bsz)])
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
-    assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -115,10 +115,6 @@ class AutoregressiveDrafter(ModelDrafter):
     # them (the behaviour before the drafts fed were kept), for an in-process comparison
     # (docs/probes/interleaved_decodes.py --feed-all)
     keeps_fed_drafts = True
-    # False: a wide catch-up block (rows x tokens fed above what the fused C++ layers take) in
-    # one pass, the packed kernel layer by layer (the behaviour before 2026-12-05), for an
-    # in-process comparison (docs/probes/interleaved_decodes.py --whole-feed)
-    feeds_in_pieces = True
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
                  shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None,
@@ -205,10 +201,7 @@ class AutoregressiveDrafter(ModelDrafter):
         # the fed block ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0);
         # the output projection (most of a step's cost) runs on each row's last token only:
         # logits over the vocabulary (V), or over the shortlist's N pieces
-        # (a wide block, the tokens accepted while the drafter idled, in pieces: ``fed_states``)
-        block, end = tokens.gather(1, index), max(longest, fed)
-        states = (self.scorer.fed_states(state.cache, block, start, end) if self.feeds_in_pieces
-                  else self.scorer.states(state.cache, block, start, end=end))  # (B, fed, C)
+        states = self.scorer.states(state.cache, tokens.gather(1, index), start, end=max(longest, fed))  # (B, fed, C)
         if fed == 1:  # at a steady state: each row's last token is the block
             last = self.scorer.decoder.logits(states)[:, 0]  # (B, V or N)
         else:

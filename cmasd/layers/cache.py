@@ -152,24 +152,6 @@ class BlockScorer:
         """``score``'s decoder states after the last layer, before the output head: (B, n, C)."""
         return self.ragged_states(cache, tokens, start, None, lower, end)[0]
 
-    def fed_states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, end: int) -> Tensor:
-        """``states`` of a block that may be wide (a draft model catching up on the tokens
-        accepted while it idled: every row's, at batch 16 often over a hundred positions),
-        run in pieces of whole positions that each fit the fused C++ layers
-        (``DecodingDecoder.takes_whole``), the later pieces attending to the earlier ones'
-        keys and values in ``cache``: the same causal attention, in other summation orders.
-        A wide block would take the packed kernel layer by layer instead: for a one-layer
-        draft model on a 2-core Zen 3 host, 76-160 positions cost 2.8-5.8 ms the first time
-        a shape came (oneDNN prepares each new one) and 2.0-3.6 ms after, in pieces 1.1-2.5 ms
-        (docs/results/speculation-pays.md). ``end``: ``(start + n).max()``."""
-        bsz, n = tokens.shape
-        if self.decoder.takes_whole(bsz * n) or not self.decoder.takes_whole(bsz):
-            return self.states(cache, tokens, start, end=end)
-        piece = self.decoder.whole_rows() // bsz  # positions a piece
-        parts = [self.states(cache, tokens[:, a : a + piece], start + a, end=end - n + min(a + piece, n))
-                 for a in range(0, n, piece)]
-        return torch.cat(parts, dim=1)  # (B, n, C)
-
     def ragged_states(self, cache: VerifierCache, tokens: Tensor, start: Tensor, valid: Optional[Tensor],
                       lower: Optional[LowerLayers] = None,
                       end: Optional[int] = None) -> Tuple[Tensor, Optional[Ragged]]:

@@ -202,10 +202,6 @@ class DecodingDecoder:
         """Whether a block of ``rows`` rows (batch x positions) runs in the fused C++ call."""
         return self.fused is not None and rows <= GEMV_MAX_ROWS
 
-    def whole_rows(self) -> int:
-        """The most rows (batch x positions) a block may have to run in the fused C++ call."""
-        return GEMV_MAX_ROWS
-
     def fused_range(self, first: int, last: int):
         """The C++ call of layers ``first`` .. ``last`` - 1 (a self-speculative drafter runs
         the lower layers, its verification the upper ones), or None (not gemv or bf16 kernels,

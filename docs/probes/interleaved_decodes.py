@@ -12,9 +12,7 @@ that configuration's draft model feed every token since its last call and projec
 (`AutoregressiveDrafter.keeps_fed_drafts` off: the behaviour before 2026-11-29); the same
 configuration may be given twice, once plain and once with it; `--shapes-always CONFIG` likewise
 computes the drafter's shapes after idle iterations too (`Controller.idles_next` off: the
-behaviour before 2026-11-29's tenth session); `--whole-feed CONFIG` likewise feeds the draft
-model's wide catch-up blocks in one pass (`AutoregressiveDrafter.feeds_in_pieces` off: the
-behaviour before 2026-12-05). A language model's data takes
+behaviour before 2026-11-29's tenth session). A language model's data takes
 `--prompt-tokens` and `--continuation-tokens` as `cmasd-bench` does. `--time-parts` adds the
 seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
 `--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen). `--paired`
@@ -73,8 +71,6 @@ def main():
     ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
     ap.add_argument("--shapes-always", action="append", default=[],
                     help="a configuration given, to run with the drafter's shapes computed after idle iterations too")
-    ap.add_argument("--whole-feed", action="append", default=[],
-                    help="a configuration given, to run with the draft model's catch-up fed in one pass")
     ap.add_argument("--paired", action="store_true",
                     help="interleave batch by batch (each batch decoded by every configuration in turn, the order "
                          "rotated), not pass by pass: the host's slower minutes fall on every configuration alike")
@@ -110,10 +106,6 @@ def main():
         elif spec in a.shapes_always and spec + " (shapes always)" not in names:
             generator.controller.idles_next = lambda state: False
             name = spec + " (shapes always)"
-        elif spec in a.whole_feed and spec + " (whole feed)" not in names:
-            for model in draft_models(generator.drafter):
-                model.feeds_in_pieces = False
-            name = spec + " (whole feed)"
         generators.append((name, generator))
         names.append(name)
     batches = loading.build_batches(setup, a.batch_size)
