@@ -412,6 +412,24 @@ def test_the_plan_stands_through_idle_iterations_and_is_made_again_when_rows_hal
     assert len(calls) == 2 and [len(c[0]) for c in calls] == [2, 2]
 
 
+def test_the_last_row_alone_drafts_where_a_batch_plans_for_its_last_row():
+    """``--goodput-batch last``: while more than one row is active nothing is planned, not
+    even at the probe period, where ``all`` drafts for every row; the batch's last row drafts."""
+    costs = table(draft_ms=0.02, verify_ms=(1.0, 0.1))  # drafting pays at every row count
+    plans = {}
+    for batch in ("all", "last"):
+        goodput = Goodput(K, prior=0.8, memory=0.7, probe_every=2, limit=None, costs=costs, batch=batch)
+        state, sent = goodput.start(4, torch.device("cpu")), []
+        for _ in range(6):  # every draft accepted
+            sent.append(state.plan.tolist())
+            state = goodput.observe(state, state.plan, state.plan)
+        state = goodput.observe(state.select(torch.tensor([2])), state.plan[2:3], state.plan[2:3])  # one row left
+        plans[batch] = (sent, state.plan.tolist())
+    assert all(k > 0 for row in plans["all"][0] for k in row)
+    assert all(k == 0 for row in plans["last"][0] for k in row)
+    assert plans["last"][1][0] > 0 and plans["all"][1][0] > 0
+
+
 def test_the_controller_refuses_what_it_cannot_plan_with():
     with pytest.raises(UsageError, match="--goodput-prior"):
         Goodput(K, prior=1.0, memory=0.5, probe_every=3, limit=None)
@@ -421,6 +439,8 @@ def test_the_controller_refuses_what_it_cannot_plan_with():
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, correction="clock")
     with pytest.raises(UsageError, match="--goodput-verdict: choose from measured, none, got 'guess'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, verdict="guess")
+    with pytest.raises(UsageError, match="--goodput-batch: choose from all, last, got 'first'"):
+        Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, batch="first")
     with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):
         Goodput(8, prior=0.5, memory=0.5, probe_every=3, limit=None).use_costs(table(draft_ms=0.1))
 

@@ -138,6 +138,7 @@ TIMING_MIN = 8  # iterations of each kind timed at a row count before its correc
 CORRECTIONS = ("timing", "none")
 VERDICTS = ("measured", "none")
 STARTS = ("learned", "prior")
+BATCHES = ("all", "last")
 POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
 POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
 POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's estimate starts from
@@ -193,6 +194,12 @@ class GoodputOptions:
         metadata={"help": "goodput: the acceptance a new row starts from: learned: that of the drafts sent so far, "
                   "pooled over rows and batches (--goodput-prior until enough are in); prior: --goodput-prior always "
                   "(the same plans for every batch)", "choices": STARTS},
+    )
+    goodput_batch: str = field(
+        default="all",
+        metadata={"help": "goodput: the rows of a batch it plans drafts for: all: every row, wherever the plan pays; "
+                  "last: none until a batch's last row is left (a batch lasts as long as its slowest row, and the "
+                  "drafts of rows that finish before it shorten no iteration)", "choices": BATCHES},
     )
 
 
@@ -304,7 +311,7 @@ class Goodput(Controller):
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
                  costs: Optional[Costs] = None, correction: str = "none", start: str = "prior",
-                 acceptance: str = "geometric", verdict: str = "none"):
+                 acceptance: str = "geometric", verdict: str = "none", batch: str = "all"):
         within("--spec-k-max", k_max, 1, limit)
         if not 0.0 < prior < 1.0:
             raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
@@ -318,12 +325,15 @@ class Goodput(Controller):
             raise UsageError(f"--goodput-start: choose from {', '.join(STARTS)}, got {start!r}")
         if verdict not in VERDICTS:
             raise UsageError(f"--goodput-verdict: choose from {', '.join(VERDICTS)}, got {verdict!r}")
+        if batch not in BATCHES:
+            raise UsageError(f"--goodput-batch: choose from {', '.join(BATCHES)}, got {batch!r}")
         if acceptance not in ACCEPTANCE_MODELS:
             raise UsageError(f"--goodput-acceptance: choose from {', '.join(ACCEPTANCE_MODELS)}, got {acceptance!r}")
         self.k_max, self.prior, self.memory, self.probe_every = k_max, prior, memory, probe_every
         self.horizon = k_max
         self.costs = costs
         self.correction, self.start_from = correction, start
+        self.last_row_only = batch == "last"  # plan nothing, probes included, while more than one row is active
         # measured tokens per second of idle and drafting iterations (None: the plans alone)
         self.verdict = Verdict() if verdict == "measured" else None
         self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
@@ -348,7 +358,8 @@ class Goodput(Controller):
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
         goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit,
                       correction=cfg.goodput_correction, start=cfg.goodput_start,
-                      acceptance=cfg.goodput_acceptance, verdict=cfg.goodput_verdict)
+                      acceptance=cfg.goodput_acceptance, verdict=cfg.goodput_verdict,
+                      batch=cfg.goodput_batch)
         if cfg.spec_costs:
             goodput.use_costs(Costs.load(cfg.spec_costs))
         return goodput
@@ -402,7 +413,10 @@ class Goodput(Controller):
     def judged_idle(self, rows: int, probing: bool) -> bool:
         """Whether ``rows`` rows plan nothing whatever their acceptance: to time idle
         iterations (``timing_idle``), or, but for a probe, where drafting iterations have
-        gained fewer tokens per second than idle ones (``--goodput-verdict measured``)."""
+        gained fewer tokens per second than idle ones (``--goodput-verdict measured``); with
+        ``--goodput-batch last``, wherever more than one row is active, probes included."""
+        if rows > 1 and self.last_row_only:
+            return True
         if self.timing_idle(rows):
             return True
         return not probing and self.verdict is not None and self.verdict.idles(rows)
