@@ -5,7 +5,9 @@ pay, k growing with acceptance where it does, per row within a ragged batch, the
 for every row where verification is padded, probes after a row has sat at 0 (on the
 controller's clock, later rows starting from the period reached), the bound on plans
 known to idle, per-position acceptance, ``idles_next`` never saying idle before a plan that
-drafts. The tables' refusal of nonsense. Calibration's
+drafts. The tables' refusal of nonsense, and what they say drafting can gain (nothing where a
+pass costs its positions, the longest draft where a block costs a step, paying from the
+acceptance that repays one draft). Calibration's
 table for tiny models in process. Then through
 ``fairseq-generate``: lossless against ``--beam 1`` with every drafter kind that needs no
 extra checkpoint, at batch 1, 7 and 16, with a saved table (so that the plans vary
@@ -454,6 +456,50 @@ def test_a_table_interpolates_between_and_beyond_its_points():
     assert costs.draft_seconds(1, 0) == 0.0
 
 
+def test_no_drafter_gains_where_a_pass_costs_its_positions():
+    """A machine bound by arithmetic: k + 1 positions a row cost k + 1 times one."""
+    costs = table(draft_ms=0.0, verify_ms=(1.0, 1.0), overhead_ms=0.0)
+    for rows in costs.rows:
+        assert [costs.speedup(rows, k, drafts=False) for k in range(K + 1)] == pytest.approx([1.0] * (K + 1))
+        assert costs.best_k(rows, 1.0, drafts=False) == (0, 1.0)
+        assert costs.break_even(rows, drafts=False) is None
+    assert "never" in costs.format_gains() and "pays from a =" in costs.format()
+
+
+def test_the_ceiling_is_the_longest_draft_where_a_block_costs_a_step():
+    costs = table(draft_ms=0.5, verify_ms=(1.0, 0.0), overhead_ms=0.1)
+    assert costs.best_k(1, 1.0, drafts=False) == (K, pytest.approx(K + 1.0))
+    assert costs.best_k(16, 1.0, drafts=False) == (K, pytest.approx(K + 1.0))
+    # with the drafts' cost (0.5 x 17/16 ms a position at one row): 1 + k tokens for 1.1 + 0.53125 k ms
+    assert costs.speedup(1, 3, 1.0) == pytest.approx(4 * 1.1 / (1.1 + 3 * 0.53125))
+    assert costs.speedup(1, 2, 0.5) == pytest.approx(1.75 * 1.1 / (1.1 + 2 * 0.53125))
+    for rows in costs.rows:  # less acceptance never gains more, at every k
+        for k in range(K + 1):
+            gains = [costs.speedup(rows, k, a) for a in (1.0, 0.9, 0.5, 0.0)]
+            assert gains == sorted(gains, reverse=True)
+
+
+@pytest.mark.parametrize("draft_ms", [0.1, 0.2, 0.45])
+def test_drafting_pays_from_the_acceptance_that_repays_one_draft(draft_ms):
+    """A block costs a step, nothing else: one draft costing d steps gains 1 + a tokens for
+    1 + d steps, so it pays from a = d, and a longer draft does not pay first (1 + a + ... +
+    a^k > 1 + k d needs a > d at k = 1 already)."""
+    costs = table(draft_ms=draft_ms, verify_ms=(1.0, 0.0), overhead_ms=0.0)
+    for rows in costs.rows:
+        d = draft_ms * (1 + rows / 16) / rows  # the table's draft of a position over its step (rows ms)
+        assert costs.break_even(rows) == pytest.approx(d, abs=2e-3)
+        assert costs.best_k(rows, d - 0.01) == (0, 1.0)
+        assert costs.best_k(rows, d + 0.01)[0] == 1
+
+
+def test_the_gains_refuse_what_no_table_describes():
+    costs = table(draft_ms=0.1)
+    with pytest.raises(UsageError, match=r"acceptance must be in \[0, 1\], got 1.5"):
+        costs.speedup(1, 2, 1.5)
+    with pytest.raises(UsageError, match=r"draft length must be in 0 .. 6 \(the table's horizon\), got 7"):
+        costs.speedup(1, 7)
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(rows=(4, 1)), "rows must be increasing"),
     (dict(widths=(2, 3, 4, 5, 6, 7, 8)), "widths must start at 1"),
@@ -596,6 +642,7 @@ def test_bench_calibrate_prints_and_saves_a_table_goodput_reads(multi30k, verifi
     proc = run([BIN / "cmasd-bench", multi30k, "--path", verifier, "--ar-drafter-path", ar_drafter, "--calibrate",
                 "--configs", "loop-greedy,goodput-ar", "--batch-sizes", "1,3", "--threads", "1", "--out-dir", tmp_path])
     assert "goodput-ar (" in proc.stdout and "verify pass" in proc.stdout and "loop-greedy" not in proc.stdout
+    assert "what drafting can gain here" in proc.stdout and "pays from a =" in proc.stdout
     costs = Costs.load(tmp_path / "costs-goodput-ar.json")
     assert costs.rows == (1, 3) and costs.horizon == 8 and not (tmp_path / "bench.json").exists()
     decoded = generate(probe, verifier, "--batch-size", "7", "--spec-controller", "goodput", "--drafter-path",

@@ -18,6 +18,19 @@ default) or ``loop`` (each after the part the loop runs before it: a verify pass
 draft it checks, a draft after a verify pass; the other model's weights have then left the
 CPU's caches); empty in a table saved before the order was recorded.
 
+``speedup``, ``best_k`` and ``break_even`` read the table for the question a user asks before
+training a drafter: what could drafting gain on this machine at all? A row sending k
+drafts, each accepted with probability a independently (the model of Leviathan et al.,
+"Fast Inference from Transformers via Speculative Decoding", arXiv:2211.17192, Sec. 3.1),
+gains 1 + a + ... + a^k tokens in expectation; every row sending k, an iteration of ``rows``
+rows then gains that many times ``rows`` tokens in the seconds of its draft, its verify pass
+over ``rows`` x (k + 1) positions and its overhead. Against an iteration drafting nothing,
+at a = 1 with drafts that cost nothing, that is the most any drafter could gain here (the
+*ceiling*): where a verify pass of k + 1 positions a row costs k + 1 times one position (the
+machine bound by arithmetic, as two CPU cores are at 16 rows), no drafter gains anything.
+``format`` prints them under the table. They are per iteration of a full batch: in decoding
+rows finish, and passes of fewer rows cost less a position.
+
 Between the measured grid points the table interpolates linearly, and beyond the largest
 row count or width it extrapolates from the last two points (a pass costs at least as much
 as the largest one measured). A verify pass whose rows send different widths is costed
@@ -30,12 +43,14 @@ import bisect
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from cmasd.errors import UsageError
 
 FORMAT = "cmasd-costs-v1"  # the "format" field of a saved table
 ORDERS = ("loop", "apart")  # how a table's parts were timed (see the module)
+SHOWN_ACCEPTANCES = (1.0, 0.9, 0.8, 0.7)  # the acceptances ``format`` gives the drafter's gain at
+BREAK_EVEN_TOLERANCE = 1e-3  # ``break_even`` finds the acceptance to within this
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -92,6 +107,60 @@ class Costs:
         """``at(i)`` for the measured row counts, interpolated over them at ``rows``."""
         return interpolate(self.rows, [at(i) for i in range(len(self.rows))], rows)
 
+    def speedup(self, rows: int, k: int, acceptance: float = 1.0, drafts: bool = True) -> float:
+        """How many times the tokens per second of an iteration drafting nothing an
+        iteration of ``rows`` rows gains where every row sends ``k`` drafts, each accepted
+        with probability ``acceptance`` (see the module); ``drafts`` False: drafting costs
+        nothing (the ceiling of any drafter)."""
+        if not 0.0 <= acceptance <= 1.0:
+            raise UsageError(f"acceptance must be in [0, 1], got {acceptance:g}")
+        if not 0 <= k <= self.horizon:
+            raise UsageError(f"draft length must be in 0 .. {self.horizon} (the table's horizon), got {k}")
+        tokens = sum(acceptance ** j for j in range(k + 1))  # expected tokens a row gains
+        overhead = self.overhead_seconds(rows)
+        idle = self.verify_seconds(rows, rows) + overhead
+        seconds = self.verify_seconds(rows, rows * (k + 1)) + overhead
+        if drafts:
+            seconds += self.draft_seconds(rows, k)
+        return tokens * idle / seconds
+
+    def best_k(self, rows: int, acceptance: float = 1.0, drafts: bool = True) -> Tuple[int, float]:
+        """The k in 0 .. horizon with the largest ``speedup`` and that speed-up (the
+        shortest of equals; k = 0, 1.0 where no draft length gains)."""
+        best = (0, 1.0)
+        for k in range(1, self.horizon + 1):
+            gain = self.speedup(rows, k, acceptance, drafts)
+            if gain > best[1]:
+                best = (k, gain)
+        return best
+
+    def break_even(self, rows: int, drafts: bool = True) -> Optional[float]:
+        """The lowest acceptance at which some draft length gains over drafting nothing for
+        ``rows`` rows, to ``BREAK_EVEN_TOLERANCE`` (the gain grows with the acceptance at
+        every k, so bisection finds it); None where none gains even at acceptance 1."""
+        if self.best_k(rows, 1.0, drafts)[0] == 0:
+            return None
+        low, high = 0.0, 1.0  # no k gains at low; some k gains at high
+        while high - low > BREAK_EVEN_TOLERANCE:
+            middle = (low + high) / 2
+            low, high = (low, middle) if self.best_k(rows, middle, drafts)[0] else (middle, high)
+        return high
+
+    def format_gains(self) -> str:
+        """``best_k`` and ``break_even`` for each row count measured, as text (see the module)."""
+        cell = 11  # "12.34x k=8" and a space
+        shown = "".join(f"{f'a={a:g}':<{cell}}" for a in SHOWN_ACCEPTANCES)
+        lines = ["what drafting can gain here, x the tokens per second of drafting nothing (every row sending its "
+                 "best k drafts, each accepted with probability a; a full batch, no row finished):",
+                 f"{'rows':>5} | {'any drafter, free, a=1':<{cell * 2}} | this drafter: {shown}| pays from a ="]
+        for rows in self.rows:
+            ceiling = self.best_k(rows, 1.0, drafts=False)
+            gains = "".join(f"{f'{g:.2f}x k={k}':<{cell}}" for k, g in (self.best_k(rows, a) for a in SHOWN_ACCEPTANCES))
+            even = self.break_even(rows)
+            lines.append(f"{rows:>5} | {f'{ceiling[1]:.2f}x k={ceiling[0]}':<{cell * 2}} | {'':14}{gains}| "
+                         f"{'never' if even is None else f'{even:.3f}'}")
+        return "\n".join(lines)
+
     def save(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"format": FORMAT, **asdict(self)}, f, indent=1)
@@ -129,7 +198,7 @@ class Costs:
             verify = " ".join(f"{1e3 * s:7.3f}" for s in self.verify[i])
             draft = " ".join(f"{1e3 * s:.3f}" for s in self.draft[i][1:])
             lines.append(f"{rows:>5} | {'':13}{verify} | {draft} | {1e3 * self.overhead[i]:.3f}")
-        return "\n".join(lines)
+        return "\n".join(lines) + "\n" + self.format_gains()
 
 
 def check(costs: Costs) -> None:
