@@ -567,7 +567,7 @@ def test_calibration_times_each_part_after_the_one_the_loop_runs_before_it(monke
         assert costs.order == order
 
 
-def test_calibration_measures_every_part_for_the_loaded_models():
+def test_calibration_measures_every_part_for_the_loaded_models(monkeypatch):
     spec_model, verifier, dictionary = tiny_drafter(seed=4)
     rules = LengthRules(max_len_b=12, max_positions=verifier.max_decoder_positions())
     ar = AutoregressiveDrafter(draft_model(verifier, dictionary), "native", shares_encoder=True)
@@ -578,6 +578,13 @@ def test_calibration_measures_every_part_for_the_loaded_models():
     assert costs.order == "apart" and calibration.calibrate(generator, rows=(1,), repeats=1, order="loop").order == "loop"
     with pytest.raises(ValueError, match="calibration order: choose from loop, apart"):
         calibration.calibrate(generator, rows=(1,), order="sideways")
+    with pytest.raises(ValueError, match="calibration repeats: must be >= 1, got 0"):
+        calibration.calibrate(generator, rows=(1,), repeats=0)
+    asked = []
+    monkeypatch.setattr(calibration, "calibrate", lambda *args: asked.append(args) or costs)
+    assert calibration.measured(generator, (1, 3), "apart", 7) is costs  # measured with the repeats asked
+    assert calibration.measured(generator, (1, 3), "apart", 7) is costs and len(asked) == 1  # once a process
+    assert asked[0][2:] == (7, "apart")
     assert all(s > 0 for line in costs.verify for s in line)
     assert all(line[0] == 0 and all(s > 0 for s in line[1:]) for line in costs.draft)
     assert "verify pass" in costs.format() and costs.device
@@ -655,3 +662,6 @@ def test_bench_calibrate_refuses_configurations_that_draft_nothing(multi30k, ver
     proc = in_process("cmasd-bench", [str(multi30k), "--path", str(verifier), "--calibrate", "--configs",
                                       "greedy,loop-greedy", "--out-dir", str(tmp_path)])
     assert proc.returncode != 0 and "--calibrate: none of the configurations drafts anything" in proc.stderr
+    proc = in_process("cmasd-bench", [str(multi30k), "--path", str(verifier), "--calibrate", "--calibrate-repeats",
+                                      "0", "--configs", "goodput-ar", "--out-dir", str(tmp_path)])
+    assert proc.returncode != 0 and "--calibrate-repeats: must be >= 1, got 0" in proc.stderr

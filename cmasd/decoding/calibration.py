@@ -48,6 +48,7 @@ ROWS = (1, 4, 16)  # row counts measured by default
 DENSE_WIDTHS = 10  # every width and draft length up to this is measured; above, a sparser grid
 SOURCE_LENGTH = 16  # source pieces of the synthetic sentences, end-of-sentence included
 PREFIX = 12  # target tokens already accepted, the start token included
+REPEATS = 5  # timed runs of each part (their median) at start-up; cmasd-bench --calibrate-repeats sets its own
 
 _MEASURED: Dict[Tuple, Tuple[object, object, Costs]] = {}
 
@@ -155,12 +156,14 @@ def quiet(generator: SpeculativeGenerator) -> SpeculativeGenerator:
     return copied
 
 
-def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = 5,
+def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = REPEATS,
               order: str = "apart") -> Costs:
     """The costs of ``generator``'s iterations on this machine, its parts timed in ``order``
     (see the module)."""
     if order not in ORDERS:
         raise ValueError(f"calibration order: choose from {', '.join(ORDERS)}, got {order!r}")
+    if repeats < 1:
+        raise ValueError(f"calibration repeats: must be >= 1, got {repeats}")
     horizon = generator.horizon
     widths = grid(horizon + 1)
     ks = grid(horizon) if horizon else []
@@ -190,11 +193,12 @@ def identity(generator: SpeculativeGenerator) -> Tuple:
             g.request.confidence is not None, g.request.logprobs, torch.get_num_threads())
 
 
-def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, order: str = "apart") -> Costs:
-    """``calibrate(generator, rows, order=order)``, measured once per process for the same
+def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, order: str = "apart",
+             repeats: int = REPEATS) -> Costs:
+    """``calibrate(generator, rows, repeats, order)``, measured once per process for the same
     generator parts and settings (the table is kept with the drafter it measured, so that
     its identity stays its own)."""
-    key = identity(generator) + tuple(rows) + (order,)
+    key = identity(generator) + tuple(rows) + (order, repeats)
     if key not in _MEASURED:
-        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows, order=order))
+        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows, repeats, order))
     return _MEASURED[key][2]

@@ -41,6 +41,7 @@ from cmasd.tools.bench.loading import (
 )
 from cmasd.tools.bench.measure import measure_all
 from cmasd.core.costs import ORDERS
+from cmasd.decoding.calibration import REPEATS as CALIBRATION_REPEATS
 from cmasd.tools.bench.sweep import expand, parse_gammas, summarize, summary_table
 from cmasd.tools.bench.report import (
     columns,
@@ -189,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--calibrate: time each part's runs back to back (apart, as goodput's own start-up "
                         "measurement does) or each after the one the loop runs before it (loop: a verify pass after "
                         "its draft, a draft after a verify pass) (default: %(default)s)")
+    parser.add_argument("--calibrate-repeats", type=int, default=CALIBRATION_REPEATS,
+                        help="--calibrate: timed runs of each part, their median kept (default: %(default)s, as "
+                        "goodput's own start-up measurement; more for a steadier table on a noisy machine)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"),
                         help="bench.md, bench.json, latency-throughput.png, and runs.jsonl: a line per recorded "
                         "run as it ends, kept when the bench is stopped midway (default: %(default)s)")
@@ -213,6 +217,8 @@ def check_args(args) -> None:
         raise BenchError("--repeats must be >= 1, --warmup and --warmup-batches >= 0")
     if args.threads < 1:
         raise BenchError(f"--threads: must be >= 1, got {args.threads}")
+    if args.calibrate_repeats < 1:
+        raise BenchError(f"--calibrate-repeats: must be >= 1, got {args.calibrate_repeats}")
     if args.max_sentences is not None and args.max_sentences < 1:
         raise BenchError(f"--max-sentences: must be >= 1, got {args.max_sentences}")
     if args.spm_model is not None and not os.path.isfile(args.spm_model):
@@ -409,7 +415,7 @@ def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_
             generator = build_generator(bench.setup, config, global_overrides, paths, generation)
             if generator.horizon == 0:
                 continue
-            costs = calibration.measured(generator, rows, args.calibrate_order)
+            costs = calibration.measured(generator, rows, args.calibrate_order, args.calibrate_repeats)
             path = os.path.join(args.out_dir, f"costs-{config.name}.json")
             costs.save(path)
             tables.append(f"{config.name} ({path}):\n{costs.format()}")
