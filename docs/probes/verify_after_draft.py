@@ -1,7 +1,9 @@
 """A verify pass timed as the calibration times it (passes back to back) and as the loop
 runs it (each pass after a drafter call), on the calibration's synthetic batch
 (``cmasd.decoding.calibration.Bench``): whether the drafter's call between two passes makes
-the next pass dearer (docs/results/speculation-pays.md, sixteenth session).
+the next pass dearer (docs/results/speculation-pays.md, sixteenth session), and whether idling as
+long, asleep or spinning on this thread, does too (the threads' and the clock's part, not the
+caches': twenty-fourth session).
 
     /work/main/.venv/bin/python docs/probes/verify_after_draft.py DATA VERIFIER.pt --ar-drafter AR.pt \
         --config "ar-g4-exact-sl2000-bf16:base=ar-g4-exact-sl2000;spec_drafter_quantize=bf16" \
@@ -31,6 +33,13 @@ def median_ms(before, timed, repeats):
     return 1e3 * statistics.median(times)
 
 
+def spin(seconds):
+    """Busy for ``seconds`` on this thread, touching no memory: the draft's time without its data."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data")
@@ -52,7 +61,8 @@ def main():
     config = [c for c in configs.resolve_configs(a.config) if c.name != "greedy"][0]
     generator = loading.build_generator(setup, config, configs.parse_assignments(a.set), loading.drafter_paths(args))
     print(f"{config.name}, {torch.get_num_threads()} threads, median of {a.repeats}; ms")
-    print("rows | width | verify back to back | verify after a draft of k | the draft alone")
+    print("rows | width | verify back to back | verify after a draft of k | after idling as long: asleep | "
+          "spinning | the draft alone")
     with torch.no_grad():
         for rows in map(int, a.rows.split(",")):
             bench = calibration.Bench(generator, rows)
@@ -62,7 +72,10 @@ def main():
                 verify = bench.verify(width)
                 back = median_ms(lambda: None, verify, a.repeats)
                 after = median_ms(draft, verify, a.repeats)
-                print(f"{rows:4d} | {width:5d} | {back:19.3f} | {after:25.3f} | {alone:.3f} (k {a.k})")
+                asleep = median_ms(lambda: time.sleep(alone / 1e3), verify, a.repeats)
+                spinning = median_ms(lambda: spin(alone / 1e3), verify, a.repeats)
+                print(f"{rows:4d} | {width:5d} | {back:19.3f} | {after:25.3f} | {asleep:28.3f} | {spinning:8.3f} | "
+                      f"{alone:.3f} (k {a.k})")
 
 
 if __name__ == "__main__":

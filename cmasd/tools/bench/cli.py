@@ -217,8 +217,6 @@ def check_args(args) -> None:
         raise BenchError("--repeats must be >= 1, --warmup and --warmup-batches >= 0")
     if args.threads < 1:
         raise BenchError(f"--threads: must be >= 1, got {args.threads}")
-    if args.calibrate_repeats < 1:
-        raise BenchError(f"--calibrate-repeats: must be >= 1, got {args.calibrate_repeats}")
     if args.max_sentences is not None and args.max_sentences < 1:
         raise BenchError(f"--max-sentences: must be >= 1, got {args.max_sentences}")
     if args.spm_model is not None and not os.path.isfile(args.spm_model):
@@ -503,6 +501,8 @@ def main(args) -> None:
     gammas = parse_gammas(args.sweep_gamma) if args.sweep_gamma else None
     global_overrides = parse_assignments(args.overrides)
     check_args(args)
+    if args.calibrate_repeats < 1:  # (cmasd-tune shares check_args, not this option)
+        raise BenchError(f"--calibrate-repeats: must be >= 1, got {args.calibrate_repeats}")
     verifier = load_verifier(args)  # the default configurations depend on it
     configs, skipped = without_missing_engines(named or resolve_configs(default_configs(args, verifier)),
                                                choose_device(args))
