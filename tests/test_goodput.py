@@ -432,6 +432,43 @@ def test_the_last_row_alone_drafts_where_a_batch_plans_for_its_last_row():
     assert plans["last"][1][0] > 0 and plans["all"][1][0] > 0
 
 
+def bound_at_full_width(draft_ms: float = 0.02) -> Costs:
+    """A table on which a row alone gains from drafting (a block costs a step) and four rows
+    cannot (a pass costs its positions: bound by arithmetic)."""
+    widths = tuple(range(1, K + 2))
+    verify = (tuple(1e-3 for _ in widths), tuple(4e-3 * w for w in widths))
+    draft = tuple(tuple(1e-3 * draft_ms * k for k in range(K + 1)) for _ in range(2))
+    return Costs((1, 4), widths, verify, draft, (0.0, 0.0), ragged=True)
+
+
+@pytest.mark.parametrize("costs, expected", [
+    (table(draft_ms=0.02, verify_ms=(1.0, 0.1), overhead_ms=0.0), "all"),  # a full batch gains
+    (bound_at_full_width(), "last"),  # a full batch cannot gain; its last row alone can
+])
+def test_auto_plans_every_row_only_where_a_full_batch_gains(costs, expected):
+    """``--goodput-batch auto`` plans as ``all`` where the table plans drafts for a full batch of
+    its width at the starting acceptance, else as ``last``: nothing while more rows are active,
+    the last row as a row alone (a batch of one sentence too)."""
+    def plans(batch):
+        goodput = Goodput(K, prior=0.9, memory=0.7, probe_every=2, limit=None, costs=costs, batch=batch)
+        state, sent = goodput.start(4, torch.device("cpu")), []
+        for _ in range(6):  # every draft accepted
+            sent.append(state.plan.tolist())
+            state = goodput.observe(state, state.plan, state.plan)
+        state = goodput.observe(state.select(torch.tensor([1, 2])), state.plan[1:3], state.plan[1:3])  # two left
+        sent.append(state.plan.tolist())
+        state = goodput.observe(state, state.plan, state.plan)
+        state = goodput.observe(state.select(torch.tensor([1])), state.plan[1:2], state.plan[1:2])  # one left
+        alone = goodput.start(1, torch.device("cpu"))  # the next batch: one sentence
+        return sent, state.plan.tolist(), alone.plan.tolist(), goodput.full_batch_pays(4, 0.9)
+
+    auto, every_row = plans("auto"), plans("all")
+    assert auto == plans(expected) and auto[3] == (expected == "all")
+    assert any(k > 0 for row in auto[0] for k in row) == (expected == "all")
+    assert any(k > 0 for row in every_row[0] for k in row)  # where "all" drafts before the last row
+    assert auto[1][0] > 0 and auto[2][0] > 0  # the last row, and a row alone, draft either way
+
+
 def test_the_controller_refuses_what_it_cannot_plan_with():
     with pytest.raises(UsageError, match="--goodput-prior"):
         Goodput(K, prior=1.0, memory=0.5, probe_every=3, limit=None)
@@ -441,7 +478,7 @@ def test_the_controller_refuses_what_it_cannot_plan_with():
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, correction="clock")
     with pytest.raises(UsageError, match="--goodput-verdict: choose from measured, none, got 'guess'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, verdict="guess")
-    with pytest.raises(UsageError, match="--goodput-batch: choose from all, last, got 'first'"):
+    with pytest.raises(UsageError, match="--goodput-batch: choose from all, last, auto, got 'first'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, batch="first")
     with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):
         Goodput(8, prior=0.5, memory=0.5, probe_every=3, limit=None).use_costs(table(draft_ms=0.1))

@@ -48,7 +48,7 @@ options = st.fixed_dictionaries({
     "goodput_verdict": st.sampled_from(["measured", "none"]),
     "goodput_start": st.sampled_from(["learned", "prior"]),
     "goodput_acceptance": st.sampled_from(["geometric", "positional"]),
-    "goodput_batch": st.sampled_from(["all", "last"]),
+    "goodput_batch": st.sampled_from(["all", "last", "auto"]),
     "draft_ms": st.floats(0.0, 2.0),  # not an option: a position's draft cost in the cost table goodput plans with
 })
 

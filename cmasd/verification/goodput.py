@@ -110,7 +110,11 @@ per row and for a batch's pass, every iteration:
   nothing is planned, probes included, while more than one row is active, and the last row,
   the batch's whole remaining time, is planned as a row alone. At batch 16 on Multi30k (Zen 3)
   it ran 0.975-1.000x ``loop-greedy`` where ``all`` ran 0.926-0.983x; on a host where drafting
-  every row paid at batch 16 it would give that up (docs/results/speculation-pays.md).
+  every row paid at batch 16 it would give that up (docs/results/speculation-pays.md). ``auto``
+  chooses at each batch's start: ``all`` where the table plans drafts for a full batch of its
+  width at the acceptance new rows start from (the host where drafting every row paid), else
+  ``last``. Where a full batch cannot gain, the batch spends most of its iterations at full width
+  drafting nothing, and drafts for its rows that finish before the last shorten none of them.
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
@@ -145,7 +149,7 @@ TIMING_MIN = 8  # iterations of each kind timed at a row count before its correc
 CORRECTIONS = ("timing", "none")
 VERDICTS = ("measured", "none")
 STARTS = ("learned", "prior")
-BATCHES = ("all", "last")
+BATCHES = ("all", "last", "auto")
 POOL_MEMORY = 0.98  # the weight the pooled evidence keeps at each drafting iteration
 POOL_MIN = 8.0  # drafts' worth of pooled evidence before new rows start from it
 POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's estimate starts from
@@ -206,7 +210,9 @@ class GoodputOptions:
         default="all",
         metadata={"help": "goodput: the rows of a batch it plans drafts for: all: every row, wherever the plan pays; "
                   "last: none until a batch's last row is left (a batch lasts as long as its slowest row, and the "
-                  "drafts of rows that finish before it shorten no iteration)", "choices": BATCHES},
+                  "drafts of rows that finish before it shorten no iteration); auto: all where a batch's full width "
+                  "gains from drafting at its start (the cost table, at the acceptance new rows start from), else "
+                  "last", "choices": BATCHES},
     )
 
 
@@ -340,7 +346,9 @@ class Goodput(Controller):
         self.horizon = k_max
         self.costs = costs
         self.correction, self.start_from = correction, start
-        self.last_row_only = batch == "last"  # plan nothing, probes included, while more than one row is active
+        self.batch = batch
+        # plan nothing, probes included, while more than one row is active (``auto``: set at each batch's start)
+        self.last_row_only = batch == "last"
         # measured tokens per second of idle and drafting iterations (None: the plans alone)
         self.verdict = Verdict() if verdict == "measured" else None
         self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
@@ -466,8 +474,18 @@ class Goodput(Controller):
             return self.pool[0] / total, LEARNED_WEIGHT
         return self.prior, PRIOR_WEIGHT
 
+    def full_batch_pays(self, rows: int, acceptance: float) -> bool:
+        """Whether ``rows`` rows, all of ``acceptance``, are planned any draft (``--goodput-batch
+        auto`` asks this of a batch's full width at its start)."""
+        if rows == 1:
+            return self.plan_row(acceptance) > 0
+        return bool(plan_lengths(np.full(rows, acceptance), self.costs, self.k_max, self.drafting(rows),
+                                 self.profile).any())
+
     def start(self, rows: int, device: torch.device) -> GoodputState:
         acceptance, weight = self.starting_acceptance()
+        if self.batch == "auto":  # every row where the batch's full width gains from drafting, else its last row
+            self.last_row_only = rows > 1 and not self.full_batch_pays(rows, acceptance)
         prior = np.full(rows, acceptance)
         wait = np.full(rows, self.start_wait, dtype=np.int64)
         if rows == 1:  # a row alone: its plan tensor made once for each k (at batch 1, a start per sentence)
