@@ -104,7 +104,8 @@ per row and for a batch's pass, every iteration:
   times) it plans nothing but probes there, which keep the drafting average current. At
   batch 16 on Multi30k the plans drafted now and then and ran slower than either drafting
   nothing or drafting every iteration: switching costs what the model leaves out.
-* **A batch's last row** (``--goodput-batch last``; ``all``, the default, plans every row).
+* **A batch's last row** (``--goodput-batch last``; ``all`` plans every row; ``auto``, the default,
+  chooses between them).
   The plans weigh the tokens every row gains, but a batch lasts as long as its slowest row:
   a draft accepted for a row that finishes before it shortens no iteration. With ``last``
   nothing is planned, probes included, while more than one row is active, and the last row,
@@ -115,6 +116,11 @@ per row and for a batch's pass, every iteration:
   width at the acceptance new rows start from (the host where drafting every row paid), else
   ``last``. Where a full batch cannot gain, the batch spends most of its iterations at full width
   drafting nothing, and drafts for its rows that finish before the last shorten none of them.
+  Paired at batch 16 on Multi30k, ``last`` ran ahead of ``all`` in six runs of six on two AMD
+  hosts (Zen 3 and Zen 4: 0.975-1.000x ``loop-greedy`` against 0.926-0.985x), ``auto`` chose
+  ``last`` there (0.984x in its one run, ``all`` 0.985x in the same); on newstest2014, where
+  drafting fails, the three are within 2% of the loop (docs/results/speculation-pays.md,
+  twenty-third and twenty-fourth sessions).
 
 The plan is computed on the host (one transfer of the estimates per iteration; a few
 hundred multiply-adds) before drafting, so the drafter drafts only the longest k planned
@@ -207,7 +213,7 @@ class GoodputOptions:
                   "(the same plans for every batch)", "choices": STARTS},
     )
     goodput_batch: str = field(
-        default="all",
+        default="auto",
         metadata={"help": "goodput: the rows of a batch it plans drafts for: all: every row, wherever the plan pays; "
                   "last: none until a batch's last row is left (a batch lasts as long as its slowest row, and the "
                   "drafts of rows that finish before it shorten no iteration); auto: all where a batch's full width "
