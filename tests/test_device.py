@@ -448,10 +448,11 @@ def test_iterations_planned_idle_read_no_counts_and_stay_greedy(models, monkeypa
 def idling_goodput(m, drafter: str):
     """goodput on a table where drafting pays only above an acceptance of 0.95: its prior
     (0.99) drafts, and the tiny draft model's acceptance (about 0.9) leaves it idle but
-    for its probes."""
+    for its probes, which every row of a batch makes (``--goodput-batch all``: ``auto``, the
+    default, would plan nothing, probes included, but for a batch's last row on this table)."""
     widths = tuple(range(1, HORIZON + 2))
     cfg = options(spec_controller="goodput", goodput_prior=0.99, goodput_probe_every=2, goodput_start="learned",
-                  goodput_correction="none")
+                  goodput_correction="none", goodput_batch="all")
     g = generator(m, drafter, "exact", "goodput")
     g.controller = CONTROLLERS["goodput"].from_config(cfg, None)
     g.controller.use_costs(Costs((1, 8), widths,
