@@ -483,8 +483,6 @@ class Goodput(Controller):
     def full_batch_pays(self, rows: int, acceptance: float) -> bool:
         """Whether ``rows`` rows, all of ``acceptance``, are planned any draft (``--goodput-batch
         auto`` asks this of a batch's full width at its start)."""
-        if rows == 1:
-            return self.plan_row(acceptance) > 0
         return bool(plan_lengths(np.full(rows, acceptance), self.costs, self.k_max, self.drafting(rows),
                                  self.profile).any())
 

@@ -25,24 +25,21 @@ import re
 import numpy as np
 
 from cmasd.core.costs import Costs
+from cmasd.tools.prep.fairseq_files import read_hypotheses
 
 
 def lengths_of(path):
-    """(source pieces + 1, output pieces + 1) of each sentence of a fairseq-generate output, by id."""
-    sources, outputs = {}, {}
+    """(source pieces + 1, output pieces + 1) of each sentence of a fairseq-generate output, by id
+    (its H- lines read and checked by ``cmasd-prep``'s reader, one for each S- line)."""
+    sources = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
-            m = re.match(r"([SH])-(\d+)\t(.*)", line.rstrip("\n"))
-            if not m:
-                continue
-            kind, i, text = m.group(1), int(m.group(2)), m.group(3)
-            if kind == "H":
-                text = text.split("\t", 1)[1]  # the score first
-                outputs[i] = len(text.split()) + 1  # and end-of-sentence
-            else:
-                sources[i] = len(text.split()) + 1
+            m = re.match(r"S-(\d+)\t(.*)", line.rstrip("\n"))
+            if m:
+                sources[int(m.group(1))] = len(m.group(2).split()) + 1  # and end-of-sentence
+    outputs = read_hypotheses(path, len(sources))
     ids = sorted(outputs)
-    return np.array([sources[i] for i in ids]), np.array([outputs[i] for i in ids])
+    return np.array([sources[i] for i in ids]), np.array([len(outputs[i].split()) + 1 for i in ids])
 
 
 def batches(sources, outputs, size):

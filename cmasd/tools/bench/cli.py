@@ -41,7 +41,7 @@ from cmasd.tools.bench.loading import (
 )
 from cmasd.tools.bench.measure import measure_all
 from cmasd.core.costs import ORDERS
-from cmasd.decoding.calibration import REPEATS as CALIBRATION_REPEATS
+from cmasd.decoding import calibration
 from cmasd.tools.bench.sweep import expand, parse_gammas, summarize, summary_table
 from cmasd.tools.bench.report import (
     columns,
@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--calibrate: time each part's runs back to back (apart, as goodput's own start-up "
                         "measurement does) or each after the one the loop runs before it (loop: a verify pass after "
                         "its draft, a draft after a verify pass) (default: %(default)s)")
-    parser.add_argument("--calibrate-repeats", type=int, default=CALIBRATION_REPEATS,
+    parser.add_argument("--calibrate-repeats", type=int, default=calibration.REPEATS,
                         help="--calibrate: timed runs of each part, their median kept (default: %(default)s, as "
                         "goodput's own start-up measurement; more for a steadier table on a noisy machine)")
     parser.add_argument("--out-dir", default=os.path.join("checkpoints", "bench"),
@@ -399,8 +399,6 @@ def run_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes:
 def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_sizes: Sequence[int],
                       global_overrides: Mapping[str, Any]) -> None:
     """``--calibrate``: each speculative configuration's cost table, printed and saved."""
-    from cmasd.decoding import calibration
-
     paths = drafter_paths(args)
     generation = {**rule_options(args), **sampling_options(args)}
     rows = sorted({1, *batch_sizes})
