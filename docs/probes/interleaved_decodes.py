@@ -15,7 +15,9 @@ computes the drafter's shapes after idle iterations too (`Controller.idles_next`
 behaviour before 2026-11-29's tenth session). A language model's data takes
 `--prompt-tokens` and `--continuation-tokens` as `cmasd-bench` does. `--time-parts` adds the
 seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
-`--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen). `--paired`
+`--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen). `--rule
+KEY=VALUE` sets one of fairseq's generation rules for every configuration, as `cmasd-bench`'s
+options do (summarization: `--rule max_len_b=60 --rule min_len=10 --rule no_repeat_ngram_size=3`). `--paired`
 also prints each configuration's seconds outside its iterations' timed parts (the encoder,
 each batch's start, the gaps between the parts' clock reads).
 """
@@ -29,6 +31,7 @@ from cmasd.tools.bench import configs, loading
 from cmasd.tools.bench.measure import decode_split
 
 MODEL = "/work/shared/models/multi30k-en-de-compact/verifier.pt"
+RULES = {"max_len_a": float, "max_len_b": int, "min_len": int, "lenpen": float, "no_repeat_ngram_size": int}
 
 
 def wrapped(spent, cls, name):
@@ -66,6 +69,8 @@ def main():
     ap.add_argument("--sentences", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every configuration")
+    ap.add_argument("--rule", action="append", default=[], help="KEY=VALUE: one of fairseq's generation rules "
+                    "(max_len_a, max_len_b, min_len, lenpen, no_repeat_ngram_size) for every configuration")
     ap.add_argument("--time-parts", action="store_true")
     ap.add_argument("--learned-weight", type=float, default=None)
     ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
@@ -94,10 +99,15 @@ def main():
     roles = [role for role, path in (("spec", a.drafter), ("ar", a.ar_drafter)) if path]
     setup = loading.load_setup(args, roles)
     overrides = configs.parse_assignments(a.set)
+    rules = {}
+    for key, _, value in (rule.partition("=") for rule in a.rule):
+        if key not in RULES:
+            ap.error(f"--rule {key}: choose from {', '.join(RULES)}")
+        rules[key] = RULES[key](value)
     generators, names = [], []
     for spec in a.configs:
         config = [c for c in configs.resolve_configs(spec) if c.name != "greedy"][0]
-        generator = loading.build_generator(setup, config, overrides, loading.drafter_paths(args))
+        generator = loading.build_generator(setup, config, overrides, loading.drafter_paths(args), rules)
         name = spec
         if spec in a.feed_all and spec + " (feed all)" not in names:
             for model in draft_models(generator.drafter):
