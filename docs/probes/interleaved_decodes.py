@@ -28,10 +28,10 @@ import statistics
 import time
 
 from cmasd.tools.bench import configs, loading
+from cmasd.tools.bench.cli import RULE_DEFAULTS
 from cmasd.tools.bench.measure import decode_split
 
 MODEL = "/work/shared/models/multi30k-en-de-compact/verifier.pt"
-RULES = {"max_len_a": float, "max_len_b": int, "min_len": int, "lenpen": float, "no_repeat_ngram_size": int}
 
 
 def wrapped(spent, cls, name):
@@ -70,7 +70,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every configuration")
     ap.add_argument("--rule", action="append", default=[], help="KEY=VALUE: one of fairseq's generation rules "
-                    "(max_len_a, max_len_b, min_len, lenpen, no_repeat_ngram_size) for every configuration")
+                    f"({', '.join(RULE_DEFAULTS)}) for every configuration")
     ap.add_argument("--time-parts", action="store_true")
     ap.add_argument("--learned-weight", type=float, default=None)
     ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
@@ -82,6 +82,15 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--continuation-tokens", type=int, default=48)
     a = ap.parse_args()
+    rules = {}
+    for key, _, value in (rule.partition("=") for rule in a.rule):
+        if key not in RULE_DEFAULTS:
+            ap.error(f"--rule {key}: choose from {', '.join(RULE_DEFAULTS)}")
+        try:
+            rules[key] = type(RULE_DEFAULTS[key])(value)
+        except ValueError:
+            ap.error(f"--rule {key}={value}: expected "
+                     f"{'an integer' if isinstance(RULE_DEFAULTS[key], int) else 'a number'}")
     from cmasd.drafters.autoregressive import AutoregressiveDrafter
     from cmasd.verification import goodput
 
@@ -99,11 +108,6 @@ def main():
     roles = [role for role, path in (("spec", a.drafter), ("ar", a.ar_drafter)) if path]
     setup = loading.load_setup(args, roles)
     overrides = configs.parse_assignments(a.set)
-    rules = {}
-    for key, _, value in (rule.partition("=") for rule in a.rule):
-        if key not in RULES:
-            ap.error(f"--rule {key}: choose from {', '.join(RULES)}")
-        rules[key] = RULES[key](value)
     generators, names = [], []
     for spec in a.configs:
         config = [c for c in configs.resolve_configs(spec) if c.name != "greedy"][0]

@@ -63,6 +63,8 @@ from cmasd.tools.bench.scoring import (
 
 PROG = "cmasd-bench"
 PROMPT_TOKENS = 16  # --prompt-tokens' default: a language model's prompts
+# fairseq's length, length-penalty and repeat rules that the bench sets for every configuration, at fairseq's defaults
+RULE_DEFAULTS = {"max_len_a": 0.0, "max_len_b": 200, "min_len": 1, "lenpen": 1.0, "no_repeat_ngram_size": 0}
 logger = logging.getLogger("cmasd.bench")
 
 # --------------------------------------------------------------------------- command line
@@ -288,8 +290,7 @@ def rule_options(args) -> Dict[str, Any]:
         raise BenchError(f"--max-len-a {args.max_len_a}: must be >= 0")
     options = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "min_len": args.min_len,
                "lenpen": args.lenpen, "no_repeat_ngram_size": args.no_repeat_ngram_size}
-    defaults = {"max_len_a": 0.0, "max_len_b": 200, "min_len": 1, "lenpen": 1.0, "no_repeat_ngram_size": 0}
-    return {key: value for key, value in options.items() if value != defaults[key]}
+    return {key: value for key, value in options.items() if value != RULE_DEFAULTS[key]}
 
 
 def sampling_options(args) -> Dict[str, Any]:
