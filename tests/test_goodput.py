@@ -545,6 +545,7 @@ def test_the_gains_refuse_what_no_table_describes():
     (dict(draft=((0.0, -1.0),) * 2), "finite number of seconds"),
     (dict(verify=((0.0,) * 7,) * 2), "cannot cost 0 seconds"),
     (dict(order="sideways"), "order must be one of loop, apart"),
+    (dict(schedule="shuffled"), "schedule must be one of rounds, blocks"),
 ])
 def test_a_table_refuses_nonsense(change, message):
     fields = table(draft_ms=0.1).__dict__ | change
@@ -556,12 +557,12 @@ def test_a_saved_table_loads_and_bad_files_are_refused(tmp_path):
     costs = table(draft_ms=0.1)
     costs.save(tmp_path / "costs.json")
     assert Costs.load(tmp_path / "costs.json") == costs
-    timed = replace(costs, order="loop")
+    timed = replace(costs, order="loop", schedule="rounds")
     timed.save(tmp_path / "timed.json")
-    assert Costs.load(tmp_path / "timed.json").order == "loop" and "parts timed in the loop" in timed.format()
-    older = {k: v for k, v in json.loads((tmp_path / "timed.json").read_text()).items() if k != "order"}
+    assert Costs.load(tmp_path / "timed.json") == timed and "parts timed in the loop, in rounds" in timed.format()
+    older = {k: v for k, v in json.loads((tmp_path / "timed.json").read_text()).items() if k not in ("order", "schedule")}
     (tmp_path / "older.json").write_text(json.dumps(older))  # a table saved before the order was recorded
-    assert Costs.load(tmp_path / "older.json").order == "" and "timed" not in costs.format()
+    assert Costs.load(tmp_path / "older.json") == replace(timed, order="", schedule="") and "timed" not in costs.format()
     (tmp_path / "other.json").write_text(json.dumps({"rows": [1]}))
     (tmp_path / "broken.json").write_text("{")
     for name, message in (("other.json", "not a cost table of this cmasd"), ("broken.json", "not a cost table"),
@@ -573,7 +574,8 @@ def test_a_saved_table_loads_and_bad_files_are_refused(tmp_path):
 def test_calibration_times_each_part_after_the_one_the_loop_runs_before_it(monkeypatch):
     """In the loop's order a verify pass of width w is timed after a draft of w - 1 (none
     before a pass of width 1) and a draft of k after a verify pass of width k + 1; apart,
-    each part's calls follow each other."""
+    after a call of the same model. In blocks each part's calls follow each other; in rounds
+    every part is called once a round, a warm-up round first."""
     spec_model, verifier, dictionary = tiny_drafter(seed=4)
     rules = LengthRules(max_len_b=12, max_positions=verifier.max_decoder_positions())
     ar = AutoregressiveDrafter(draft_model(verifier, dictionary), "native", shares_encoder=True)
@@ -591,17 +593,43 @@ def test_calibration_times_each_part_after_the_one_the_loop_runs_before_it(monke
     monkeypatch.setattr(calibration.Bench, "verify", logged("verify", verify))
     monkeypatch.setattr(calibration.Bench, "draft", logged("draft", draft))
     monkeypatch.setattr(calibration.Bench, "iteration", lambda bench: lambda: calls.append(("iteration", 0)))
-    v, d = (lambda n: ("verify", n)), (lambda n: ("draft", n))
-    expected = {  # repeats=3: one unmeasured call, then three timed, each after its ``before``
-        "loop": [v(1)] * 4 + [d(1), v(2)] * 4 + [d(2), v(3)] * 4 + [d(3), v(4)] * 4
-        + [v(2), d(1)] * 4 + [v(3), d(2)] * 4 + [v(4), d(3)] * 4,
-        "apart": [v(1)] * 4 + [v(2)] * 4 + [v(3)] * 4 + [v(4)] * 4 + [d(1)] * 4 + [d(2)] * 4 + [d(3)] * 4,
+    v, d, i = (lambda n: ("verify", n)), (lambda n: ("draft", n)), ("iteration", 0)
+    loop_round = [v(1), d(1), v(2), d(2), v(3), d(3), v(4), v(2), d(1), v(3), d(2), v(4), d(3), i, i]
+    apart_round = [v(1), v(1), v(2), v(3), v(4), d(1), d(1), d(2), d(3), i, i]
+    expected = {  # repeats=3: one unmeasured call (a round), then three timed, each after its ``before``
+        ("loop", "blocks"): [v(1)] * 4 + [d(1), v(2)] * 4 + [d(2), v(3)] * 4 + [d(3), v(4)] * 4
+        + [v(2), d(1)] * 4 + [v(3), d(2)] * 4 + [v(4), d(3)] * 4 + [i] * 4,
+        ("apart", "blocks"): [v(1)] * 4 + [v(2)] * 4 + [v(3)] * 4 + [v(4)] * 4 + [d(1)] * 4 + [d(2)] * 4
+        + [d(3)] * 4 + [i] * 4,
+        ("loop", "rounds"): loop_round * 4,
+        ("apart", "rounds"): apart_round * 4,
     }
-    for order in calibration.ORDERS:
+    for order, schedule in expected:
         calls.clear()
-        costs = calibration.calibrate(generator, rows=(2,), repeats=3, order=order)
-        assert [c for c in calls if c[0] != "iteration"] == expected[order], order
-        assert costs.order == order
+        costs = calibration.calibrate(generator, rows=(2,), repeats=3, order=order, schedule=schedule)
+        assert calls == expected[order, schedule], (order, schedule)
+        assert (costs.order, costs.schedule) == (order, schedule)
+
+
+def test_calibration_in_rounds_keeps_each_parts_median(monkeypatch):
+    """Rounds call every part once in turn, after one untimed round, each after its
+    ``before``; a part's figure is the median of its own timed runs."""
+    clock = [0.0]
+    monkeypatch.setattr(calibration, "now", lambda like: clock[0])
+    seconds = {"a": [9, 5, 1, 9], "b": [9, 2, 2, 2], "c": [9, 7, 3, 4]}  # the untimed round's first
+    calls = []
+
+    def part(name):
+        runs = iter(seconds[name])
+
+        def run():
+            calls.append(name)
+            clock[0] += next(runs)
+        return run
+
+    parts = [(part("a"), None), (part("b"), lambda: calls.append("before b")), (part("c"), None)]
+    assert calibration.seconds_in_rounds(parts, torch.zeros(1), repeats=3) == [5, 2, 4]
+    assert calls == ["a", "before b", "b", "c"] * 4
 
 
 def test_calibration_measures_every_part_for_the_loaded_models(monkeypatch):
@@ -615,13 +643,16 @@ def test_calibration_measures_every_part_for_the_loaded_models(monkeypatch):
     assert costs.order == "apart" and calibration.calibrate(generator, rows=(1,), repeats=1, order="loop").order == "loop"
     with pytest.raises(ValueError, match="calibration order: choose from loop, apart"):
         calibration.calibrate(generator, rows=(1,), order="sideways")
+    with pytest.raises(ValueError, match="calibration schedule: choose from rounds, blocks, got 'shuffled'"):
+        calibration.calibrate(generator, rows=(1,), schedule="shuffled")
     with pytest.raises(ValueError, match="calibration repeats: must be >= 1, got 0"):
         calibration.calibrate(generator, rows=(1,), repeats=0)
     asked = []
     monkeypatch.setattr(calibration, "calibrate", lambda *args: asked.append(args) or costs)
     assert calibration.measured(generator, (1, 3), "apart", 7) is costs  # measured with the repeats asked
     assert calibration.measured(generator, (1, 3), "apart", 7) is costs and len(asked) == 1  # once a process
-    assert asked[0][2:] == (7, "apart")
+    assert asked[0][2:] == (7, "apart", "rounds")
+    assert costs.schedule == "rounds"
     assert all(s > 0 for line in costs.verify for s in line)
     assert all(line[0] == 0 and all(s > 0 for s in line[1:]) for line in costs.draft)
     assert "verify pass" in costs.format() and costs.device

@@ -13,10 +13,13 @@ them; ``--spec-costs FILE`` reads a saved table):
 * ``overhead[i]``: the rest of an iteration of ``rows[i]`` rows (acceptance, appending,
   statistics).
 
-``order`` says how the parts were timed: ``apart`` (each part's runs back to back, the
-default) or ``loop`` (each after the part the loop runs before it: a verify pass after the
-draft it checks, a draft after a verify pass; the other model's weights have then left the
-CPU's caches); empty in a table saved before the order was recorded.
+``order`` says how the parts were timed: ``apart`` (each after a run of the same model: its
+weights in the CPU's caches; the default) or ``loop`` (each after the part the loop runs before
+it: a verify pass after the draft it checks, a draft after a verify pass; the other model's
+weights have then left the CPU's caches); empty in a table saved before the order was recorded.
+``schedule`` says in what sequence the runs were timed: ``rounds`` (every part once in turn,
+repeated, so that a slow spell of the machine lands on all parts alike) or ``blocks`` (each
+part's runs together; every table before 2026-12-06, whose ``schedule`` is empty).
 
 ``speedup``, ``best_k`` and ``break_even`` read the table for the question a user asks before
 training a drafter: what could drafting gain on this machine at all? A row sending k
@@ -49,6 +52,7 @@ from cmasd.errors import UsageError
 
 FORMAT = "cmasd-costs-v1"  # the "format" field of a saved table
 ORDERS = ("loop", "apart")  # how a table's parts were timed (see the module)
+SCHEDULES = ("rounds", "blocks")  # in what sequence their runs were timed (see the module)
 SHOWN_ACCEPTANCES = (1.0, 0.9, 0.8, 0.7)  # the acceptances ``format`` gives the drafter's gain at
 BREAK_EVEN_TOLERANCE = 1e-3  # ``break_even`` finds the acceptance to within this
 
@@ -80,6 +84,7 @@ class Costs:
     ragged: bool = False  # a verify pass costs the positions rows send, not rows x the widest block
     device: str = ""  # what measured it (the CPU's model name, threads), for the reader
     order: str = ""  # how the parts were timed: one of ORDERS ("": not recorded)
+    schedule: str = ""  # in what sequence: one of SCHEDULES ("": not recorded, blocks)
 
     def __post_init__(self):
         check(self)
@@ -182,7 +187,7 @@ class Costs:
         try:
             return cls(tuple(data["rows"]), tuple(data["widths"]), tuple(map(tuple, data["verify"])),
                        tuple(map(tuple, data["draft"])), tuple(data["overhead"]), bool(data.get("ragged", False)),
-                       str(data.get("device", "")), str(data.get("order", "")))
+                       str(data.get("device", "")), str(data.get("order", "")), str(data.get("schedule", "")))
         except (KeyError, TypeError) as e:
             raise UsageError(f"--spec-costs {path}: malformed cost table ({type(e).__name__}: {e})") from None
         except UsageError as e:
@@ -191,6 +196,7 @@ class Costs:
     def format(self) -> str:
         """The table as text, milliseconds: one line per row count."""
         timed = f"; parts timed {'in the loop' if self.order == 'loop' else 'apart'}" if self.order else ""
+        timed += f", in {self.schedule}" if self.schedule else ""
         lines = [f"costs ({self.device or 'this machine'}; verify {'ragged' if self.ragged else 'padded'}{timed}), ms"]
         head = " ".join(f"w={w:<5d}" for w in self.widths)
         lines.append(f"{'rows':>5} | verify pass: {head} | draft k=1..{self.horizon} | overhead")
@@ -210,6 +216,8 @@ def check(costs: Costs) -> None:
 
     if costs.order not in ("", *ORDERS):
         raise UsageError(f"cost table: order must be one of {', '.join(ORDERS)}, got {costs.order!r}")
+    if costs.schedule not in ("", *SCHEDULES):
+        raise UsageError(f"cost table: schedule must be one of {', '.join(SCHEDULES)}, got {costs.schedule!r}")
     increasing("rows", costs.rows, 1)
     increasing("widths", costs.widths, 1)
     if costs.widths[0] != 1:

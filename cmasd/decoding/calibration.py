@@ -4,16 +4,26 @@
 ``calibrate`` builds a synthetic batch (random source and target pieces of the models'
 dictionaries: a pass's cost depends on shapes, not on which tokens it reads), runs the
 generator's own parts on it and times them, after a warm-up, as the median of
-``repeats`` runs, back to back (``order="apart"``, the default) or each after the part the
-loop runs before it, untimed (``order="loop"``): a verify pass of width w after a draft of
-w - 1, a draft of k after a verify pass of width k + 1. Back to back a part finds its own
+``repeats`` runs, each after a run of the same model (``order="apart"``, the default) or after
+the part the loop runs before it, untimed (``order="loop"``): a verify pass of width w after a
+draft of w - 1, a draft of k after a verify pass of width k + 1. Apart a part finds its own
 model's weights in the CPU's caches, which in decoding the other model's have just
 displaced: on the transformer-base verifier (Intel Xeon) a 5-position pass after a draft of 4
 cost 18% more at one row; on the compact one (Zen 3) the draft model's calls cost about 1.5x
 after a verify pass, the passes no more. Measured, goodput planning from the loop's table ran
 no faster (1.32x against 1.35x ``loop-greedy`` at batch 1, 0.956x against 0.964x at batch 16,
 paired, within each other's intervals; docs/results/speculation-pays.md, seventeenth
-session), so the default stays as it was. The parts:
+session), so the default stays as it was.
+
+The runs are timed in rounds (``schedule="rounds"``, the default: every part once in turn,
+``repeats`` times) or in blocks (``schedule="blocks"``: each part's runs together, as every
+table before 2026-12-06). In blocks a slow spell of the machine lands on the part being timed,
+and the first part timed (the 1-position pass) was still warming up: on a 2-core Zen 4 host,
+five processes each way (the compact verifier, n-gram lookups), the 1-position pass of 16 rows
+read 2.0-2.9 ms in blocks and 2.0-2.3 in rounds, the overhead beside it 0.00-1.04 ms against
+0.42-0.65, a 2-position pass of one row was cheaper than a 1-position one in the median of
+blocks, and a full batch of 16 was found to gain at acceptance 0.6 by three tables of five in
+blocks, one in rounds (docs/results/speculation-pays.md, twenty-sixth session). The parts:
 
 * a verify pass (``SpeculativeGenerator.verify``: the verifier's block, its log-softmax and
   fairseq's rules) of ``rows`` rows at every width 1 .. horizon + 1 (every position up to
@@ -37,7 +47,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from cmasd.core.costs import ORDERS, Costs, interpolate
+from cmasd.core.costs import ORDERS, SCHEDULES, Costs, interpolate
 from cmasd.core.drafting import Source, VerifierView
 from cmasd.core.sampling import RowRandom
 from cmasd.core.verifying import Proposal
@@ -156,12 +166,38 @@ def quiet(generator: SpeculativeGenerator) -> SpeculativeGenerator:
     return copied
 
 
+def seconds_in_rounds(parts: Sequence[Tuple[Callable[[], object], Optional[Callable[[], object]]]],
+                      like: torch.Tensor, repeats: int) -> List[float]:
+    """The median wall-clock seconds of each ``(run, before)`` of ``parts`` over ``repeats``
+    rounds, a round timing every part once in turn, after one unmeasured round; each call
+    after its ``before()`` (untimed; None: nothing). A slow spell of the machine (another
+    tenant, a clock change) then lands on every part alike instead of on whichever part was
+    being timed, which ``median_seconds``'s runs back to back let it do."""
+    def untimed(run, before):
+        (before or (lambda: None))()
+        run()
+
+    for run, before in parts:
+        untimed(run, before)
+    times: List[List[float]] = [[] for _ in parts]
+    for _ in range(repeats):
+        for (run, before), spent in zip(parts, times):
+            if before is not None:
+                before()
+            t0 = now(like)
+            run()
+            spent.append(now(like) - t0)
+    return [statistics.median(spent) for spent in times]
+
+
 def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repeats: int = REPEATS,
-              order: str = "apart") -> Costs:
+              order: str = "apart", schedule: str = "rounds") -> Costs:
     """The costs of ``generator``'s iterations on this machine, its parts timed in ``order``
-    (see the module)."""
+    and ``schedule`` (see the module)."""
     if order not in ORDERS:
         raise ValueError(f"calibration order: choose from {', '.join(ORDERS)}, got {order!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"calibration schedule: choose from {', '.join(SCHEDULES)}, got {schedule!r}")
     if repeats < 1:
         raise ValueError(f"calibration repeats: must be >= 1, got {repeats}")
     horizon = generator.horizon
@@ -173,16 +209,24 @@ def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repea
         for count in rows:
             bench = Bench(generator, count)
             # (a pass of width 1 follows no draft: the loop calls no drafter where nothing is sent)
-            line = [median_seconds(bench.verify(w), bench.like, repeats,
-                                   bench.draft(w - 1) if loop and w > 1 else None) for w in widths]
+            passes = [(bench.verify(w), bench.draft(w - 1) if loop and w > 1 else None) for w in widths]
+            drafts = [(bench.draft(k), bench.verify(k + 1) if loop else None) for k in ks]
+            step = bench.iteration()
+            if schedule == "blocks":
+                seconds = [median_seconds(run, bench.like, repeats, before) for run, before in passes + drafts]
+                seconds.append(median_seconds(step, bench.like, repeats))
+            else:
+                if not loop:  # apart: each model's first part of a round after a run of its own, untimed
+                    passes[0] = (passes[0][0], passes[0][0])
+                    drafts[:1] = [(run, run) for run, _ in drafts[:1]]
+                seconds = seconds_in_rounds(passes + drafts + [(step, step)], bench.like, repeats)
+            line, measured = seconds[: len(widths)], seconds[len(widths): len(widths) + len(ks)]
             verify.append(tuple(line))
-            measured = [median_seconds(bench.draft(k), bench.like, repeats, bench.verify(k + 1) if loop else None)
-                        for k in ks]
             draft.append((0.0, *(interpolate(ks, measured, k) for k in range(1, horizon + 1))))
-            step = median_seconds(bench.iteration(), bench.like, repeats)
-            overhead.append(max(0.0, step - line[0]))
+            overhead.append(max(0.0, seconds[-1] - line[0]))
     return Costs(tuple(rows), tuple(widths), tuple(verify), tuple(draft), tuple(overhead),
-                 ragged=generator.ragged, device=device_name(next(generator.model.parameters()).device), order=order)
+                 ragged=generator.ragged, device=device_name(next(generator.model.parameters()).device), order=order,
+                 schedule=schedule)
 
 
 def identity(generator: SpeculativeGenerator) -> Tuple:
@@ -194,11 +238,11 @@ def identity(generator: SpeculativeGenerator) -> Tuple:
 
 
 def measured(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, order: str = "apart",
-             repeats: int = REPEATS) -> Costs:
-    """``calibrate(generator, rows, repeats, order)``, measured once per process for the same
-    generator parts and settings (the table is kept with the drafter it measured, so that
-    its identity stays its own)."""
-    key = identity(generator) + tuple(rows) + (order, repeats)
+             repeats: int = REPEATS, schedule: str = "rounds") -> Costs:
+    """``calibrate(generator, rows, repeats, order, schedule)``, measured once per process for
+    the same generator parts and settings (the table is kept with the drafter it measured, so
+    that its identity stays its own)."""
+    key = identity(generator) + tuple(rows) + (order, repeats, schedule)
     if key not in _MEASURED:
-        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows, repeats, order))
+        _MEASURED[key] = (generator.drafter, generator.model, calibrate(generator, rows, repeats, order, schedule))
     return _MEASURED[key][2]

@@ -40,7 +40,7 @@ from cmasd.tools.bench.loading import (
     load_verifier,
 )
 from cmasd.tools.bench.measure import measure_all
-from cmasd.core.costs import ORDERS
+from cmasd.core.costs import ORDERS, SCHEDULES
 from cmasd.decoding import calibration
 from cmasd.tools.bench.sweep import expand, parse_gammas, summarize, summary_table
 from cmasd.tools.bench.report import (
@@ -189,9 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "tables, save each as OUT_DIR/costs-NAME.json (fairseq-generate --spec-costs FILE), and "
                         "decode nothing")
     parser.add_argument("--calibrate-order", choices=ORDERS, default="apart",
-                        help="--calibrate: time each part's runs back to back (apart, as goodput's own start-up "
-                        "measurement does) or each after the one the loop runs before it (loop: a verify pass after "
+                        help="--calibrate: time each part after a run of the same model (apart, as goodput's own "
+                        "start-up measurement does) or each after the one the loop runs before it (loop: a verify pass after "
                         "its draft, a draft after a verify pass) (default: %(default)s)")
+    parser.add_argument("--calibrate-schedule", choices=SCHEDULES, default="rounds",
+                        help="--calibrate: time every part once in turn, repeated (rounds, as goodput's own "
+                        "start-up measurement does: a slow spell of the machine lands on all parts alike), or each "
+                        "part's runs together (blocks, every table before 2026-12-06) (default: %(default)s)")
     parser.add_argument("--calibrate-repeats", type=int, default=calibration.REPEATS,
                         help="--calibrate: timed runs of each part, their median kept (default: %(default)s, as "
                         "goodput's own start-up measurement; more for a steadier table on a noisy machine)")
@@ -412,7 +416,8 @@ def calibrate_configs(bench: Bench, args, configs: Sequence[BenchConfig], batch_
             generator = build_generator(bench.setup, config, global_overrides, paths, generation)
             if generator.horizon == 0:
                 continue
-            costs = calibration.measured(generator, rows, args.calibrate_order, args.calibrate_repeats)
+            costs = calibration.measured(generator, rows, args.calibrate_order, args.calibrate_repeats,
+                                             args.calibrate_schedule)
             path = os.path.join(args.out_dir, f"costs-{config.name}.json")
             costs.save(path)
             tables.append(f"{config.name} ({path}):\n{costs.format()}")
