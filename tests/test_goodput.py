@@ -94,6 +94,26 @@ def test_a_row_at_zero_probes_and_waits_longer_after_each_failure():
     assert len(drafting) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes, ever further apart
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_row_whose_drafter_sends_nothing_stops_drafting_and_probes(rows):
+    """A row planned drafts that its drafter does not make (a lookup that finds no match
+    sends 0) learns a rejection: it goes to 0 and probes ever further apart, instead of
+    calling its drafter every iteration on a plan that never changes."""
+    goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=3, limit=None, costs=table(draft_ms=0.02,
+                                                                                       verify_ms=(1.0, 0.2)))
+    state = goodput.start(rows, torch.device("cpu"))
+    assert state.planned.all()  # the prior says drafting pays
+    planned = []
+    for _ in range(40):
+        planned.append(int(state.planned[0]))
+        nothing = torch.zeros(rows, dtype=torch.long)
+        state = goodput.observe(state, nothing, nothing)  # the drafter never has a draft
+    drafting = [i for i, k in enumerate(planned) if k > 0]
+    gaps = np.diff(drafting).tolist()
+    assert planned[1] == 0 or planned[2] == 0  # learnt within an iteration or two
+    assert len(drafting) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes, ever further apart
+
+
 def test_later_rows_start_from_the_probe_period_reached_until_drafting_pays_again():
     """Where no draft is ever accepted, each probe doubles the period (up to PROBE_CAP
     times the option) and rows of later batches start from it, so they probe ever more

@@ -574,14 +574,17 @@ class Goodput(Controller):
         which completed the idle timing of this row count)."""
         rows = len(state.planned)
         drafted = None if sent is None else sent > 0  # (B,)
-        learnt = drafted is not None and bool(drafted.any())
+        # rows planned drafts the drafter did not make (a lookup that found no match): a call
+        # for nothing, learnt as a draft rejected at once, or such a row's plan would stand
+        empty = None if sent is None else (state.planned > 0) & ~drafted  # (B,)
+        learnt = drafted is not None and bool(drafted.any() or empty.any())
         hits, misses, acceptance, plan = state.hits, state.misses, None, state.planned
         # nothing learnt, as many rows as it was made for to a power of two, and no new
         # correction: the plan stands
         if learnt or bucket(rows) != bucket(state.planned_for) or timed:
             if learnt:
-                keep = np.where(drafted, self.memory, 1.0)  # decay only where something was learnt
-                rejected = drafted & (kept < sent)
+                keep = np.where(drafted | empty, self.memory, 1.0)  # decay only where something was learnt
+                rejected = (drafted & (kept < sent)) | empty
                 hits = hits * keep + kept
                 misses = misses * keep + rejected
                 self.learn(float(kept.sum()), float(rejected.sum()))
@@ -628,9 +631,10 @@ class Goodput(Controller):
                                 False)
         hits, misses = float(state.hits[0]), float(state.misses[0])
         plan, acceptance = planned, None
-        if sent > 0 or state.planned_for > 1 or timed:  # learnt, planned for more rows, or a new correction
-            if sent > 0:
-                rejected = float(kept < sent)
+        empty = planned > 0 and sent == 0  # planned drafts the drafter did not make: learnt as a rejection
+        if sent > 0 or empty or state.planned_for > 1 or timed:  # learnt, planned for more rows, or a new correction
+            if sent > 0 or empty:
+                rejected = float(empty or kept < sent)
                 hits, misses = hits * self.memory + kept, misses * self.memory + rejected
                 self.learn(float(kept), rejected)
                 if self.positional:
