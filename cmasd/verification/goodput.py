@@ -60,6 +60,12 @@ per row and for a batch's pass, every iteration:
   domain), rows of later sentences and batches do not probe again at the option's period,
   which cost every sentence of a batch-1 run a draft pass (0.90-0.92x ``loop-greedy`` with
   the Spec-Drafter); where it pays, they do.
+* **Drafts not made.** A row planned drafts its drafter does not make (n-gram lookups that
+  find no match send nothing) learns a draft rejected at once. Learning nothing there, a
+  probe's plan stood for the rest of the row and called the lookups every iteration: on
+  SAMSum at batch 1 (the first 100 dialogues) 187 of 189 planned iterations sent nothing,
+  and goodput over lookups ran 0.962x ``loop-greedy``, 0.976x once such calls were learnt
+  (paired, 400 dialogues x 3).
 * **Plans known to idle.** Where rows of equal acceptance a are planned at 0 with drafting
   weighed d times, rows of acceptance at most a, weighed at least d, are planned at 0 too
   (no set of drafts gains more tokens at lower acceptance, nor costs less at a larger d;

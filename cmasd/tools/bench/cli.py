@@ -190,8 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "decode nothing")
     parser.add_argument("--calibrate-order", choices=ORDERS, default="apart",
                         help="--calibrate: time each part after a run of the same model (apart, as goodput's own "
-                        "start-up measurement does) or each after the one the loop runs before it (loop: a verify pass after "
-                        "its draft, a draft after a verify pass) (default: %(default)s)")
+                        "start-up measurement does) or each after the one the loop runs before it (loop: a verify "
+                        "pass after its draft, a draft after a verify pass) (default: %(default)s)")
     parser.add_argument("--calibrate-schedule", choices=SCHEDULES, default="rounds",
                         help="--calibrate: time every part once in turn, repeated (rounds, as goodput's own "
                         "start-up measurement does: a slow spell of the machine lands on all parts alike), or each "
