@@ -71,22 +71,6 @@ def grid(largest: int) -> List[int]:
     return values
 
 
-def median_seconds(run: Callable[[], object], like: torch.Tensor, repeats: int,
-                   before: Optional[Callable[[], object]] = None) -> float:
-    """The median wall-clock seconds of ``run()`` over ``repeats`` calls, after one unmeasured,
-    each call after ``before()`` (untimed; None: nothing)."""
-    before = before or (lambda: None)
-    before()
-    run()
-    times = []
-    for _ in range(repeats):
-        before()
-        t0 = now(like)
-        run()
-        times.append(now(like) - t0)
-    return statistics.median(times)
-
-
 def device_name(device: torch.device) -> str:
     """The CUDA device's name, or the CPU's model name (``lscpu``'s) and torch's threads."""
     if device.type == "cuda":
@@ -172,21 +156,16 @@ def seconds_in_rounds(parts: Sequence[Tuple[Callable[[], object], Optional[Calla
     rounds, a round timing every part once in turn, after one unmeasured round; each call
     after its ``before()`` (untimed; None: nothing). A slow spell of the machine (another
     tenant, a clock change) then lands on every part alike instead of on whichever part was
-    being timed, which ``median_seconds``'s runs back to back let it do."""
-    def untimed(run, before):
-        (before or (lambda: None))()
-        run()
-
-    for run, before in parts:
-        untimed(run, before)
+    being timed, as it does where each part's runs are timed together (one part a call)."""
     times: List[List[float]] = [[] for _ in parts]
-    for _ in range(repeats):
+    for timed in [False] + [True] * repeats:
         for (run, before), spent in zip(parts, times):
             if before is not None:
                 before()
             t0 = now(like)
             run()
-            spent.append(now(like) - t0)
+            if timed:
+                spent.append(now(like) - t0)
     return [statistics.median(spent) for spent in times]
 
 
@@ -212,9 +191,9 @@ def calibrate(generator: SpeculativeGenerator, rows: Sequence[int] = ROWS, repea
             passes = [(bench.verify(w), bench.draft(w - 1) if loop and w > 1 else None) for w in widths]
             drafts = [(bench.draft(k), bench.verify(k + 1) if loop else None) for k in ks]
             step = bench.iteration()
-            if schedule == "blocks":
-                seconds = [median_seconds(run, bench.like, repeats, before) for run, before in passes + drafts]
-                seconds.append(median_seconds(step, bench.like, repeats))
+            if schedule == "blocks":  # each part's runs together: its rounds alone
+                seconds = [seconds_in_rounds([part], bench.like, repeats)[0]
+                           for part in passes + drafts + [(step, None)]]
             else:
                 if not loop:  # apart: each model's first part of a round after a run of its own, untimed
                     passes[0] = (passes[0][0], passes[0][0])
