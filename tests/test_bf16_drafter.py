@@ -14,7 +14,7 @@ from cmasd.decoding.generator import LengthRules, SpeculativeGenerator
 from cmasd.drafters.autoregressive import AutoregressiveDrafter
 from cmasd.drafters.spec_drafter import SpecDrafter
 from cmasd.layers.cache import BlockScorer
-from cmasd.layers.kernels import GEMV_MAX_ROWS, Bf16Linear, packing_available
+from cmasd.layers.kernels import Bf16Linear, packing_available
 from cmasd.options import SpeculativeDecodingConfig
 from cmasd.verification.acceptance import Exact
 from cmasd.verification.confidence import ConfidenceSpec
@@ -56,7 +56,7 @@ def test_the_option_runs_the_drafter_on_bfloat16_weights(kind):
     layer = decoder.layers[0]
     linears = (layer.qkv, layer.self_out, layer.cross_q, layer.cross_out, layer.fc1, layer.fc2, decoder.output)
     assert all(type(m) is Bf16Linear and m.panels.dtype == torch.bfloat16 for m in linears)
-    assert decoder.fused is not None and decoder.takes_whole(GEMV_MAX_ROWS)
+    assert decoder.fused is not None and decoder.takes_whole(1, 1) and decoder.takes_whole(16, 5)
     model = spec_model if kind == "spec" else ar_model
     assert type(model.decoder.layers[0].fc1) is torch.nn.Linear
     assert model.decoder.layers[0].fc1.weight.dtype == torch.float32
@@ -86,7 +86,7 @@ def round_linear_weights(model):
 
 def test_a_bf16_drafter_drafts_as_float32_panels_of_the_same_weights():
     """bfloat16 panels compute what float32 panels of the rounded weights compute, bit for
-    bit, through the fused C++ layers (a pass of at most GEMV_MAX_ROWS rows) as layer by
+    bit, through the fused C++ layers (a pass they take whole) as layer by
     layer; and close to the float32 drafter's logits (the rounding's difference)."""
     spec_model, verifier, dictionary = tiny_drafter()
     gen = torch.Generator().manual_seed(7)

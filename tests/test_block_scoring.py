@@ -254,10 +254,9 @@ def test_the_bench_floor_scores_as_fairseqs_teacher_forced_pass(variant):
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("bsz", [1, 2])
 def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, bsz):
-    """gemv kernels at a block of at most GEMV_MAX_ROWS rows: the decoder's layers in one
+    """gemv kernels at a block the fused layers take whole: the decoder's layers in one
     C++ call (FusedDecoder), against fairseq's incremental decoding and against the same
     layers run one by one from Python; ragged rows, rows without padding too."""
-    from cmasd.layers.kernels import GEMV_MAX_ROWS
 
     model, dictionary = tiny_transformer(normalize_before, learned_pos=True)
     pad = dictionary.pad()
@@ -282,7 +281,7 @@ def test_fused_layers_score_as_fairseq_and_as_layer_by_layer(normalize_before, b
             for call in range(4):
                 sizes = torch.tensor([row[call] for row in chunks])
                 width = int(sizes.max())
-                assert bsz * width <= GEMV_MAX_ROWS
+                assert scorers[0].decoder.takes_whole(bsz, width)
                 cache = cache.grow(int((start + width).max()))
                 block = torch.full((bsz, width), pad)
                 for b in range(bsz):
@@ -395,8 +394,9 @@ def tiny_decoder(normalize_before: bool, dim: int, heads: int, cross: bool):
     return decoder
 
 
-# (B, n): one row of one and of a few positions, a few rows, 16 rows, GEMV_MAX_ROWS rows
-FUSED_SHAPES = [(1, 1), (1, 5), (3, 4), (16, 1), (8, 8)]
+# (B, n): one row of one and of a few positions, a few rows, 16 rows, 64 rows, 16 rows of 5
+# positions (past 64, the limit until 2026-12-07), FUSED_MAX_ROWS rows
+FUSED_SHAPES = [(1, 1), (1, 5), (3, 4), (16, 1), (8, 8), (16, 5), (32, 8)]
 
 
 @pytest.mark.needs_gemv
@@ -409,9 +409,8 @@ def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, head
     attention (a padded source: a cross mask), the causal rule applied in C++ (no self mask)
     and explicit self masks (per row, and broadcast over the rows), the positions as (B, n)
     or as the scatter index (B, 2H, n, d), all layers or the upper ones, 1 and 2 threads, at
-    several B x n up to GEMV_MAX_ROWS: the same states and the same cache entries."""
-    from cmasd.layers.kernels import GEMV_MAX_ROWS
-    from cmasd.layers.prepared import DecodingDecoder, additive_mask
+    several B x n up to FUSED_MAX_ROWS: the same states and the same cache entries."""
+    from cmasd.layers.prepared import FUSED_MAX_ROWS, DecodingDecoder, additive_mask
 
     decoder = tiny_decoder(normalize_before, dim, heads, cross)
     fused, layered = DecodingDecoder(decoder, "gemv"), DecodingDecoder(decoder, "gemv")
@@ -422,7 +421,7 @@ def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, head
     torch.manual_seed(9)
     try:
         for bsz, n in FUSED_SHAPES:
-            assert bsz * n <= GEMV_MAX_ROWS and fused.takes_whole(bsz * n)
+            assert bsz * n <= FUSED_MAX_ROWS and fused.takes_whole(bsz, n)
             capacity = 10 + n
             start = torch.randint(0, 8, (bsz,))
             index = start[:, None] + torch.arange(n)  # (B, n)
@@ -461,6 +460,39 @@ def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, head
                         assert torch.equal(got, one_thread), case
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.needs_gemv
+def test_the_fused_layers_take_the_blocks_within_their_limits():
+    """A block runs in the fused C++ call up to FUSED_MAX_ROWS rows of at most
+    FUSED_MAX_WIDTH positions each (16 rows of 5 positions, past the 64 rows of before,
+    included), layer by layer past either limit; on other kernels never."""
+    from cmasd.layers.prepared import FUSED_MAX_ROWS, FUSED_MAX_WIDTH, DecodingDecoder
+
+    decoder = tiny_decoder(True, 32, 4, True)
+    fused, native = DecodingDecoder(decoder, "gemv"), DecodingDecoder(decoder, "native")
+    calls = []
+
+    class Counted:  # the C++ call, counted
+        def __init__(self, inner):
+            self.inner = inner
+
+        def states(self, *args):
+            calls.append(args[0].shape[:2])
+            return self.inner.states(*args)
+
+    fused.fused = Counted(fused.fused)
+    widest = FUSED_MAX_ROWS // FUSED_MAX_WIDTH  # rows of the widest block taken whole
+    for bsz, n, whole in [(1, 1, True), (16, 5, True), (widest, FUSED_MAX_WIDTH, True),
+                          (1, FUSED_MAX_WIDTH + 1, False), (FUSED_MAX_ROWS // 4 + 1, 4, False)]:
+        assert fused.takes_whole(bsz, n) == whole and not native.takes_whole(bsz, n)
+        calls.clear()
+        capacity = n + 2
+        kv = [torch.zeros(bsz, 2 * fused.heads, capacity, fused.head_dim) for _ in fused.layers]
+        keys, cross_bias = fused.cross_keys(torch.randn(bsz, 3, 32), torch.ones(bsz, 3, dtype=torch.bool))
+        index = torch.arange(n)[None].expand(bsz, n)
+        fused.block_states(torch.randn(bsz, n, 32), kv, index, n, None, keys, cross_bias)
+        assert calls == ([(bsz, n)] if whole else []), (bsz, n)
 
 
 @pytest.mark.needs_gemv

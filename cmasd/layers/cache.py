@@ -167,7 +167,7 @@ class BlockScorer:
         else:
             x, first = lower.states[:, : tokens.size(1)], lower.layers
         ragged = None if valid is None else Ragged.of(valid)
-        if ragged is not None and self.decoder.takes_whole(x.size(0) * x.size(1)):
+        if ragged is not None and self.decoder.takes_whole(x.size(0), x.size(1)):
             ragged = None
         if ragged is not None:
             x = ragged.pack(x)

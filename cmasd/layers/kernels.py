@@ -50,17 +50,15 @@ logger = logging.getLogger(__name__)
 
 # --spec-kernels (the verifier's decoder and a float32 drafter)
 KERNEL_CHOICES = ("auto", "gemv", "packed", "native")
-# Inputs of at most this many rows (batch x positions) take the gemv kernel, and blocks
-# of at most this many rows the fused C++ layers (cmasd.layers.prepared); larger ones the
-# packed kernel, layer by layer. Measured on 2 AMD EPYC (Zen 5) cores, 2 threads: the gemv
-# kernel beats the packed one at every row count to 128, on AVX-512F and on AVX2 (oneDNN
-# held to AVX2 too), for each of the compact verifier's shapes; a whole verify pass on the
-# fused layers beats the packed layer-by-layer pass up to 64 rows at batch 1 and 4 (batch
-# 1: 0.49 ms at 1 row, 1.42 ms at 16 against 2.69 ms, 5.40 ms at 64 against 5.49 ms; 96
-# rows: 8.43 ms against 6.92 ms, its C++ attention growing). Above 32 rows at batch 1 the
-# gemv kernels layer by layer would beat both: a threshold of their own for the fused
-# layers would take that.
-GEMV_MAX_ROWS = 64
+# Inputs of at most this many rows (batch x positions) take the gemv kernel, larger ones the
+# packed kernel (a block's layers in one C++ call have limits of their own:
+# cmasd.layers.prepared.FUSED_MAX_ROWS). Measured on 2 AMD EPYC cores, 2 threads: on Zen 5
+# the gemv kernel beat the packed one at every row count to 128, on AVX-512F and on AVX2
+# (oneDNN held to AVX2 too), for each of the compact verifier's shapes; on Zen 4 a verify
+# pass of the compact verifier layer by layer on it beat the packed pass up to 192 rows at
+# batch 1, 4 and 16 and lost at 256 (16 x 16: 34.2 against 32.0 ms;
+# docs/results/kernels.md). 64 until 2026-12-07.
+GEMV_MAX_ROWS = 128
 
 
 def packing_available() -> bool:

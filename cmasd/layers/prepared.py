@@ -5,8 +5,8 @@ the prepared backend of it on decoding's kernels (``DecodingLayer``, ``EncodingL
 ``PreparedLayer``s whose linear layers come from ``cmasd.layers.kernels``), whole prepared
 decoders and encoders (``DecodingDecoder``, ``DecodingEncoder``), and selects the C++
 ``FusedDecoder`` (``cmasd.layers.extension``) where it applies: gemv or bf16 kernels (the
-panel kernel's float32 or bfloat16 panels) and a block of at most ``GEMV_MAX_ROWS`` rows,
-all layers in one call.
+panel kernel's float32 or bfloat16 panels) and a block of at most ``FUSED_MAX_ROWS`` rows of at
+most ``FUSED_MAX_WIDTH`` positions, all layers in one call.
 """
 
 import functools
@@ -16,12 +16,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from cmasd.layers.kernels import GEMV_MAX_ROWS, linear_of, prepared_linear
+from cmasd.layers.kernels import linear_of, prepared_linear
 from cmasd.errors import UsageError
 from cmasd.layers.transformer import (  # noqa: F401  (some kept for older imports)
     FUSED_ATTENTION_MIN_PAIRS, Linear, PreparedLayer, Ragged, additive_mask, check_supported_encoder_layer,
     check_supported_layer, decoder_layer, embed, exact_power_of_two,
 )
+
+# A block of at most FUSED_MAX_ROWS rows (batch x positions), none of more than FUSED_MAX_WIDTH
+# positions, runs in the fused C++ layers where they apply; others layer by layer (the linear
+# layers on the gemv kernel up to its GEMV_MAX_ROWS rows, the packed one above). Measured on 2
+# AMD EPYC (Zen 4) cores, 2 threads, the compact verifier's pass (docs/probes/verify_pass_bench.py,
+# docs/results/kernels.md): the fused layers beat both layer-by-layer passes at every width to
+# 128 at batch 1, to 512 rows at batch 4 and to 768 rows at batch 16 (16 x 5: 9.5 ms against
+# 13.2 layer by layer on gemv and 14.5 packed); on Zen 5 a batch-1 block of 96 positions lost
+# to the packed pass (8.43 against 6.92 ms, the C++ attention growing with the width). Both 64
+# (GEMV_MAX_ROWS) until 2026-12-07, which sent a batch of 16 rows verifying 5 positions each
+# layer by layer.
+FUSED_MAX_ROWS = 256
+FUSED_MAX_WIDTH = 64
 
 # Called once per layer with that layer's new keys and values stacked (B, 2H, T_new, d);
 # returns every key and every value the new queries may see, each (B, H, T_key, d).
@@ -86,8 +99,8 @@ class DecodingDecoder:
         self.project_out = None if decoder.project_out_dim is None else linear_of(decoder.project_out_dim, kernels)
         self.output = linear_of(decoder.output_projection, kernels)
         self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
-        # gemv or bf16 kernels (on panels): the layers also as one C++ call, for passes of at most
-        # GEMV_MAX_ROWS rows; the C++ layers are float32 only (a bf16 drafter under --fp16 is not)
+        # gemv or bf16 kernels (on panels): the layers also as one C++ call, for the blocks
+        # ``takes_whole`` says; the C++ layers are float32 only (a bf16 drafter under --fp16 is not)
         float32 = next(decoder.parameters()).dtype == torch.float32
         self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
         self.native = None if self.fused is None else native_module()  # the C++ extension, where the layers use it
@@ -179,7 +192,7 @@ class DecodingDecoder:
         (N, C)."""
         last = len(self.layers) if last is None else last
         fused = self.fused_range(first, last)
-        if ragged is None and fused is not None and self.takes_whole(x.size(0) * x.size(1)):
+        if ragged is None and fused is not None and self.takes_whole(x.size(0), x.size(1)):
             return fused.states(x, kv[first:last], index, used, self_bias, [k for k, _ in cross[first:last]],
                                 [v for _, v in cross[first:last]], cross_bias, self_bias is None)
         heads = self.heads
@@ -198,9 +211,9 @@ class DecodingDecoder:
 
         return self.states(x, self_keys, self_bias, cross, cross_bias, first, last, ragged)
 
-    def takes_whole(self, rows: int) -> bool:
-        """Whether a block of ``rows`` rows (batch x positions) runs in the fused C++ call."""
-        return self.fused is not None and rows <= GEMV_MAX_ROWS
+    def takes_whole(self, batch: int, width: int) -> bool:
+        """Whether a block of ``batch`` rows of ``width`` positions runs in the fused C++ call."""
+        return self.fused is not None and width <= FUSED_MAX_WIDTH and batch * width <= FUSED_MAX_ROWS
 
     def fused_range(self, first: int, last: int):
         """The C++ call of layers ``first`` .. ``last`` - 1 (a self-speculative drafter runs

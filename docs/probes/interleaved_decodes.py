@@ -12,7 +12,13 @@ that configuration's draft model feed every token since its last call and projec
 (`AutoregressiveDrafter.keeps_fed_drafts` off: the behaviour before 2026-11-29); the same
 configuration may be given twice, once plain and once with it; `--shapes-always CONFIG` likewise
 computes the drafter's shapes after idle iterations too (`Controller.idles_next` off: the
-behaviour before 2026-11-29's tenth session). A language model's data takes
+behaviour before 2026-11-29's tenth session); `--rows CONFIG=N` decodes that configuration with
+`GEMV_MAX_ROWS` and `FUSED_MAX_ROWS` at N (the rows up to which a linear layer runs on the panel
+kernel, and a pass in the fused C++ layers; 64: the limits before 2026-12-07; set around each of
+its decodes, so the same configuration may be given at two thresholds,
+`--rows "NAME=64" --rows "NAME=128"`, NAME given twice; a goodput configuration's cost table is
+measured once a process, when the first such configuration is built, at the threshold then in
+force). A language model's data takes
 `--prompt-tokens` and `--continuation-tokens` as `cmasd-bench` does. `--time-parts` adds the
 seconds spent in goodput's and the draft model's calls (wrapped: the wrapper costs a little);
 `--learned-weight W` sets goodput's LEARNED_WEIGHT (how the weight 10 was chosen). `--rule
@@ -57,6 +63,21 @@ def draft_models(drafter):
             yield from draft_models(part)
 
 
+def with_rows(decode, rows):
+    """``decode`` run with ``GEMV_MAX_ROWS`` and ``FUSED_MAX_ROWS`` at ``rows`` (restored after)."""
+    from cmasd.layers import kernels, prepared
+
+    def run(*args, **kwargs):
+        before = kernels.GEMV_MAX_ROWS, prepared.FUSED_MAX_ROWS
+        kernels.GEMV_MAX_ROWS = prepared.FUSED_MAX_ROWS = rows
+        try:
+            return decode(*args, **kwargs)
+        finally:
+            kernels.GEMV_MAX_ROWS, prepared.FUSED_MAX_ROWS = before
+
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data")
@@ -76,6 +97,9 @@ def main():
     ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
     ap.add_argument("--shapes-always", action="append", default=[],
                     help="a configuration given, to run with the drafter's shapes computed after idle iterations too")
+    ap.add_argument("--rows", action="append", default=[],
+                    help="CONFIG=N: that configuration decodes with GEMV_MAX_ROWS and FUSED_MAX_ROWS at N "
+                         "(once per time it is given)")
     ap.add_argument("--paired", action="store_true",
                     help="interleave batch by batch (each batch decoded by every configuration in turn, the order "
                          "rotated), not pass by pass: the host's slower minutes fall on every configuration alike")
@@ -108,6 +132,12 @@ def main():
     roles = [role for role, path in (("spec", a.drafter), ("ar", a.ar_drafter)) if path]
     setup = loading.load_setup(args, roles)
     overrides = configs.parse_assignments(a.set)
+    thresholds = collections.defaultdict(list)  # configuration -> its row limits for each time it is given
+    for assignment in a.rows:
+        spec, _, value = assignment.rpartition("=")
+        if not spec or not value.isdigit() or int(value) < 1:
+            ap.error(f"--rows {assignment!r}: expected CONFIG=N, N a positive integer")
+        thresholds[spec].append(int(value))
     generators, names = [], []
     for spec in a.configs:
         config = [c for c in configs.resolve_configs(spec) if c.name != "greedy"][0]
@@ -120,6 +150,10 @@ def main():
         elif spec in a.shapes_always and spec + " (shapes always)" not in names:
             generator.controller.idles_next = lambda state: False
             name = spec + " (shapes always)"
+        elif thresholds.get(spec):
+            rows = thresholds[spec].pop(0)
+            generator.decode = with_rows(generator.decode, rows)
+            name = f"{spec} (rows {rows})"
         generators.append((name, generator))
         names.append(name)
     batches = loading.build_batches(setup, a.batch_size)

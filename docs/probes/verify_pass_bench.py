@@ -2,7 +2,7 @@
 output projection) at B x n rows: ms per pass, median of interleaved rounds.
 
   fused    gemv kernels, the layers in one C++ call (FusedDecoder on panel_linear), whatever
-           the rows (GEMV_MAX_ROWS lifted)
+           the rows (GEMV_MAX_ROWS, FUSED_MAX_ROWS and FUSED_MAX_WIDTH lifted)
   layered  gemv kernels layer by layer from Python, panel_linear at every row count
   packed   packed kernels (oneDNN) layer by layer
 
@@ -37,7 +37,8 @@ def main():
     from cmasd import hub
     from cmasd.layers import cache as cache_module, kernels, prepared
 
-    kernels.GEMV_MAX_ROWS = prepared.GEMV_MAX_ROWS = 10 ** 6  # panel_linear and the fused call at every width
+    # panel_linear and the fused call at every width
+    kernels.GEMV_MAX_ROWS = prepared.FUSED_MAX_ROWS = prepared.FUSED_MAX_WIDTH = 10 ** 6
     model = hub.from_pretrained(MODEL).models[0]
     model.eval()
     B = args.batch
