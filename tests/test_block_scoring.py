@@ -370,10 +370,10 @@ def test_a_long_source_encodes_and_decodes_as_fairseq(variant):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 
-def tiny_decoder(normalize_before: bool, dim: int, heads: int, cross: bool):
+def tiny_decoder(normalize_before: bool, dim: int, heads: int, cross: bool, activation: str = "relu"):
     """A random 2-layer fairseq Transformer decoder of ``dim`` dimensions and ``heads`` heads
-    (feed-forward 2 dim + 8: a partial last panel), with or without encoder attention, its
-    layer norms' weights and biases random too."""
+    (feed-forward 2 dim + 8: a partial last panel, ``activation`` between), with or without
+    encoder attention, its layer norms' weights and biases random too."""
     from fairseq.models.transformer import TransformerDecoder
 
     dictionary = tiny_dictionary()
@@ -381,6 +381,7 @@ def tiny_decoder(normalize_before: bool, dim: int, heads: int, cross: bool):
         encoder_layers=1, decoder_layers=2, encoder_embed_dim=dim, decoder_embed_dim=dim,
         encoder_ffn_embed_dim=2 * dim, decoder_ffn_embed_dim=2 * dim + 8, encoder_attention_heads=heads,
         decoder_attention_heads=heads, decoder_normalize_before=normalize_before, max_target_positions=64,
+        activation_fn=activation,
     )
     base_architecture(args)
     torch.manual_seed(8)
@@ -402,8 +403,10 @@ FUSED_SHAPES = [(1, 1), (1, 5), (3, 4), (16, 1), (8, 8), (16, 5), (32, 8)]
 @pytest.mark.needs_gemv
 @pytest.mark.parametrize("normalize_before", [False, True])
 @pytest.mark.parametrize("cross", [True, False])
-@pytest.mark.parametrize("dim,heads", [(32, 4), (36, 4), (128, 2)])  # head dims 8, 9 (scalar tails), 64 (folded)
-def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, heads):
+# head dims 8, 9 (scalar tails), 64 (folded); fairseq's GELU (BART's layers) at one of them
+@pytest.mark.parametrize("dim,heads,activation", [(32, 4, "relu"), (36, 4, "relu"), (128, 2, "relu"),
+                                                  (32, 4, "gelu")])
+def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, heads, activation):
     """The C++ FusedDecoder against the same prepared layers run one by one from Python
     (DecodingDecoder.block_states either way): post- and pre-norm, with and without encoder
     attention (a padded source: a cross mask), the causal rule applied in C++ (no self mask)
@@ -412,7 +415,7 @@ def test_fused_layers_equal_the_python_layers(normalize_before, cross, dim, head
     several B x n up to FUSED_MAX_ROWS: the same states and the same cache entries."""
     from cmasd.layers.prepared import FUSED_MAX_ROWS, DecodingDecoder, additive_mask
 
-    decoder = tiny_decoder(normalize_before, dim, heads, cross)
+    decoder = tiny_decoder(normalize_before, dim, heads, cross, activation)
     fused, layered = DecodingDecoder(decoder, "gemv"), DecodingDecoder(decoder, "gemv")
     assert fused.fused is not None
     layered.fused = None

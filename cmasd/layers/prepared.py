@@ -265,12 +265,14 @@ def plain_input_tables(decoder) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
 def fused_layers(layers: List[DecodingLayer]):
     """The C++ ``FusedDecoder`` of ``layers`` (all on gemv or all on bf16 kernels: float32 or
     bfloat16 panels): ``TransformerLayer.forward`` for each, read from the layers' prepared
-    parts; or None where a layer has what it does not run (an activation other than ReLU, or
-    encoder attention in some layers only)."""
+    parts; or None where a layer has what it does not run (an activation other than ReLU and
+    fairseq's exact GELU, or encoder attention in some layers only)."""
+    from fairseq.modules import gelu
+
     from cmasd.layers import extension
 
     module = extension.load()[0]
-    if module is None or any(layer.activation is not None for layer in layers):
+    if module is None or any(layer.activation not in (None, gelu) for layer in layers):
         return None
     if len({layer.has_cross for layer in layers}) != 1 or len({layer.normalize_before for layer in layers}) != 1:
         return None
@@ -289,7 +291,8 @@ def fused_layers(layers: List[DecodingLayer]):
                     layer.final_norm.weight.detach(), layer.final_norm.bias.detach()]
         eps = [norm.eps for norm in (layer.self_norm, layer.cross_norm if layer.has_cross else layer.self_norm,
                                      layer.final_norm)]
-        fused.add_layer(tensors, [layer.self_scaling or 0.0, layer.cross_scaling or 0.0, *eps], layer.has_cross)
+        fused.add_layer(tensors, [layer.self_scaling or 0.0, layer.cross_scaling or 0.0, *eps], layer.has_cross,
+                        layer.activation is gelu)
     return fused
 
 

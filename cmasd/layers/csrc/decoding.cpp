@@ -20,7 +20,7 @@
 //
 // FusedDecoder: the C++ backend of cmasd.layers.transformer.TransformerLayer. The layers
 // of a cmasd.layers.prepared.DecodingDecoder (PreparedLayers on gemv or bf16 kernels,
-// post- or pre-norm, ReLU feed-forward) run in one call: TransformerLayer.forward
+// post- or pre-norm, ReLU or GELU feed-forward) run in one call: TransformerLayer.forward
 // transcribed (the same residual blocks in the same order) with the block scorer's cache
 // writes, on raw pointers into one workspace: no ATen operator and no allocation a step (at
 // batch 1 a pass of ATen operators, a thousand of 0.3 to 3 us each, cost more than its
@@ -712,7 +712,14 @@ struct Layer {
   Norm self_norm, cross_norm, final_norm;
   float self_scaling, cross_scaling;  // 0: folded into the weights
   bool has_cross;
+  bool gelu;  // the feed-forward's activation: GELU (erf's, fairseq's "gelu"), else ReLU
 };
+
+// fairseq's "gelu" (torch.nn.functional.gelu, the exact one: x/2 (1 + erf(x / sqrt 2))) over
+// n floats in place; std::erf in float, not torch's vectorized erf: equal to float tolerance.
+static void gelu_in_place(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * 0.70710678118654752f));
+}
 
 }  // namespace
 
@@ -727,7 +734,7 @@ class FusedDecoder {
   // when the layer has no encoder attention); the linear layers' weights as panels of
   // pack_panels (float32 or bfloat16), their biases dense (out,). numbers: self_scaling,
   // cross_scaling, the three layer norms' eps. Every layer of one width C (qkv: C -> 3C).
-  void add_layer(std::vector<at::Tensor> t, std::vector<double> numbers, bool has_cross) {
+  void add_layer(std::vector<at::Tensor> t, std::vector<double> numbers, bool has_cross, bool gelu) {
     TORCH_CHECK(t.size() == 18 && numbers.size() == 5, "FusedDecoder.add_layer: 18 tensors and 5 numbers");
     TORCH_CHECK(t[1].defined() && t[1].dim() == 1 && t[1].numel() % 3 == 0, "FusedDecoder.add_layer: a qkv bias (3C,)");
     const int64_t C = t[1].numel() / 3;
@@ -750,6 +757,7 @@ class FusedDecoder {
     L.self_scaling = static_cast<float>(numbers[0]);
     L.cross_scaling = static_cast<float>(numbers[1]);
     L.has_cross = has_cross;
+    L.gelu = gelu;
     width_ = C;
     layers_.push_back(std::move(L));
   }
@@ -855,7 +863,7 @@ class FusedDecoder {
     // (post-norm) in the same step as the next block's input normalised (pre-norm))
     const bool pre_norm = normalize_before_;
     const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-    const int64_t n_steps = 1 + 12 * static_cast<int64_t>(n_layers);  // at most 12 a layer
+    const int64_t n_steps = 1 + 13 * static_cast<int64_t>(n_layers);  // at most 13 a layer (12 and GELU)
     if (n_steps > steps_size_) {
       steps_.reset(new Step[n_steps]);
       steps_size_ = n_steps;
@@ -897,7 +905,11 @@ class FusedDecoder {
           m.shares(R, [&](int64_t r0, int64_t r1) { residual(xs, sub, h, r0, r1, C, L.cross_norm, L.final_norm); });
         }
         // feed-forward
-        m.linear(L.fc1, in, R, ff, true);
+        m.linear(L.fc1, in, R, ff, !L.gelu);
+        if (L.gelu) {
+          const int64_t width = L.fc1.out;
+          m.shares(R, [&](int64_t r0, int64_t r1) { gelu_in_place(ff + r0 * width, (r1 - r0) * width); });
+        }
         m.linear(L.fc2, ff, R, sub, false);
         const Norm* next = i + 1 < n_layers ? &layers_[i + 1].self_norm : nullptr;
         m.shares(R, [&](int64_t r0, int64_t r1) { residual(xs, sub, h, r0, r1, C, L.final_norm, next ? *next : L.final_norm, next != nullptr); });
