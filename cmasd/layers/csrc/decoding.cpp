@@ -715,10 +715,49 @@ struct Layer {
   bool gelu;  // the feed-forward's activation: GELU (erf's, fairseq's "gelu"), else ReLU
 };
 
-// fairseq's "gelu" (torch.nn.functional.gelu, the exact one: x/2 (1 + erf(x / sqrt 2))) over
-// n floats in place; std::erf in float, not torch's vectorized erf: equal to float tolerance.
+// fairseq's "gelu" (torch.nn.functional.gelu, the exact one: x/2 (1 + erf(x / sqrt 2))) for 8
+// floats, with erf as torch's vectorized CPU kernel computes it (Abramowitz and Stegun 7.1.26:
+// 1 - t (p1 + p2 t + ... + p5 t^4) exp(-z^2), t = 1 / (1 + p |z|), absolute error below 1.5e-7;
+// the same operations in the same order, exp8 for Sleef's expf): equal to torch's GELU to float
+// tolerance. std::erf cost about 18 ns a float here (a Zen 4 core): 0.11 ms of a 1-row step of
+// a 6-layer decoder with 1,024-wide feed-forwards, 4.3 ms of an 80-row pass on 2 threads.
+static inline v8 gelu8(v8 x) {
+  typedef int32_t i8 __attribute__((vector_size(32)));
+  const v8 z = x * 0.70710678118654752f;
+  i8 bits;
+  __builtin_memcpy(&bits, &z, sizeof(bits));
+  const i8 sign = bits & static_cast<int32_t>(0x80000000u);
+  bits ^= sign;
+  v8 a;  // |z|
+  __builtin_memcpy(&a, &bits, sizeof(a));
+  const v8 t = 1.f / (0.3275911f * a + 1.f);
+  v8 r = 1.061405429f * t + -1.453152027f;
+  r = r * t + 1.421413741f;
+  r = r * t + -0.284496736f;
+  r = r * t + 0.254829592f;
+  const v8 e = (-exp8(-(z * z)) * t) * r + 1.f;  // erf(|z|)
+  i8 ebits;
+  __builtin_memcpy(&ebits, &e, sizeof(ebits));
+  ebits ^= sign;
+  v8 erf;
+  __builtin_memcpy(&erf, &ebits, sizeof(erf));
+  return 0.5f * x * (1.f + erf);
+}
+
+// gelu8 over n floats in place; the last few through a padded vector, so that a float's GELU
+// does not depend on where a thread's share begins or how many rows the pass has
 static void gelu_in_place(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * 0.70710678118654752f));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8 y = gelu8(load8(x + i));
+    __builtin_memcpy(x + i, &y, sizeof(y));
+  }
+  if (i < n) {
+    float tail[8] = {0};
+    std::memcpy(tail, x + i, (n - i) * sizeof(float));
+    const v8 y = gelu8(load8(tail));
+    std::memcpy(x + i, &y, (n - i) * sizeof(float));
+  }
 }
 
 }  // namespace
