@@ -719,8 +719,9 @@ struct Layer {
 // floats, with erf as torch's vectorized CPU kernel computes it (Abramowitz and Stegun 7.1.26:
 // 1 - t (p1 + p2 t + ... + p5 t^4) exp(-z^2), t = 1 / (1 + p |z|), absolute error below 1.5e-7;
 // the same operations in the same order, exp8 for Sleef's expf): equal to torch's GELU to float
-// tolerance. std::erf cost about 18 ns a float here (a Zen 4 core): 0.11 ms of a 1-row step of
-// a 6-layer decoder with 1,024-wide feed-forwards, 4.3 ms of an 80-row pass on 2 threads.
+// tolerance. std::erf cost 12-16 ns a float on a Zen 4 core (docs/probes/gelu_erf.cpp): about
+// 0.08 ms of a 1-row pass of a 6-layer decoder with 1,024-wide feed-forwards, about 4 ms of an
+// 80-row pass on 2 threads; this, about 1 ns.
 static inline v8 gelu8(v8 x) {
   typedef int32_t i8 __attribute__((vector_size(32)));
   const v8 z = x * 0.70710678118654752f;
