@@ -309,18 +309,28 @@ def plan_lengths(acceptance: np.ndarray, costs: Costs, k_max: int, drafting: flo
     return np.bincount(chosen, minlength=rows).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=64)
+def row_cost_lines(costs: Costs, k_max: int) -> Tuple[Tuple[float, ...], Tuple[float, ...], float]:
+    """``cost_lines`` of a row alone as Python floats: ``plan_one`` reads them every drafting
+    iteration at batch 1, where indexing numpy arrays and converting their scalars cost more
+    than its arithmetic (inside decoding, after a verify pass has streamed the weights through
+    the caches, a few microseconds a read)."""
+    verify, draft, overhead = cost_lines(costs, 1, k_max)
+    return tuple(verify.tolist()), tuple(draft.tolist()), float(overhead)
+
+
 def plan_one(acceptance: float, costs: Costs, k_max: int, drafting: float = 1.0,
              profile: Optional[Tuple[float, ...]] = None) -> int:
     """``plan_lengths`` for a single row, in plain Python: the k with the most expected
     tokens per second (the first of equals; 0 unless drafting gains)."""
-    verify, draft, overhead = cost_lines(costs, 1, k_max)
+    verify, draft, overhead = row_cost_lines(costs, k_max)
     a = min(max(acceptance, 0.0), 0.999)
-    best_k, best_value = 0, 1.0 / (float(verify[0]) + overhead)
+    best_k, best_value = 0, 1.0 / (verify[0] + overhead)
     tokens, gain = 1.0, 1.0
     for k in range(1, k_max + 1):
         gain *= a if profile is None else min(max(acceptance * profile[k - 1], 0.0), 0.999)
         tokens += gain
-        value = tokens / (drafting * (float(draft[k - 1]) + float(verify[k]) + overhead))
+        value = tokens / (drafting * (draft[k - 1] + verify[k] + overhead))
         if value > best_value:
             best_k, best_value = k, value
     return best_k
@@ -531,7 +541,11 @@ class Goodput(Controller):
         return self.observe_read(state, sent, kept)
 
     def host_budget(self, state: GoodputState) -> int:
-        return int(state.planned.max()) if state.drafts else 0
+        if not state.drafts:
+            return 0
+        planned = state.planned
+        # a row alone: its one number (numpy's max over one element cost 20-30 us inside decoding)
+        return int(planned[0]) if len(planned) == 1 else int(planned.max())
 
     def idles_next(self, state: GoodputState) -> bool:
         """Certain, before the read, where the plan stands at 0 (``observe_rows``,
