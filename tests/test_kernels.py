@@ -421,6 +421,28 @@ def top1_cases(generator):
 
 
 @needs_gemv
+def test_the_fused_gelu_is_torchs_and_the_same_wherever_a_float_sits():
+    """The fused layers' GELU (8 floats at a time, a padded vector for the last few) against
+    ``torch.nn.functional.gelu`` (fairseq's "gelu") to float tolerance, at lengths with and
+    without a tail, over the range a feed-forward meets and beyond (far tails: 0 and x); and
+    bit for bit the same for a float wherever it sits (a share starting elsewhere, a row of
+    another length), as the fused layers' threads split a pass."""
+    module = extension.load()[0]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(1021, generator=generator) * 4, torch.tensor([-30.0, 0.0, 30.0])])  # 1,024
+    # erf's approximation is within 1.5e-7, so GELU within |x| / 2 times that of the exact one
+    # (about 1e-6 at |x| = 14), whichever erf torch's own kernel uses on this host
+    for n in (1, 7, 8, 13, 1024):
+        torch.testing.assert_close(module.gelu(x[:n]), torch.nn.functional.gelu(x[:n]), rtol=1e-6, atol=2e-6)
+    whole = module.gelu(x)
+    for start in (1, 3, 5, 8, 1017):
+        assert torch.equal(module.gelu(x[start:]), whole[start:]), start
+    assert torch.equal(module.gelu(x.view(32, 32)), whole.view(32, 32))
+    with pytest.raises(RuntimeError, match=r"gelu: float32 values on CPU"):
+        module.gelu(x.double())
+
+
+@needs_gemv
 def test_top1_gives_what_topk_gives_first_in_every_row():
     """The extension's ``top1`` against ``torch.topk(x, 2).indices[..., 0]``, fairseq's choice
     at ``--beam 1``, on every kind of row (where the largest value is not unique or a NaN is

@@ -719,7 +719,7 @@ struct Layer {
 // floats, with erf as torch's vectorized CPU kernel computes it (Abramowitz and Stegun 7.1.26:
 // 1 - t (p1 + p2 t + ... + p5 t^4) exp(-z^2), t = 1 / (1 + p |z|), absolute error below 1.5e-7;
 // the same operations in the same order, exp8 for Sleef's expf): equal to torch's GELU to float
-// tolerance. std::erf cost 12-16 ns a float on a Zen 4 core (docs/probes/gelu_erf.cpp): about
+// tolerance. std::erf cost 12-16 ns a float on a Zen 4 core (docs/results/kernels.md): about
 // 0.08 ms of a 1-row pass of a 6-layer decoder with 1,024-wide feed-forwards, about 4 ms of an
 // 80-row pass on 2 threads; this, about 1 ns.
 static inline v8 gelu8(v8 x) {
@@ -1101,6 +1101,14 @@ static int64_t unique_largest(const float* row, int64_t V) {
   return equal == 1 ? first : -1;  // every value -inf: a tie, which topk decides
 }
 
+// The fused layers' GELU over x, a new tensor (for tests and docs/probes/gelu_erf.py)
+at::Tensor gelu(at::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && !x.is_cuda(), "gelu: float32 values on CPU");
+  auto y = x.contiguous().clone();
+  gelu_in_place(y.data_ptr<float>(), y.numel());
+  return y;
+}
+
 at::Tensor top1(at::Tensor x) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && !x.is_cuda() && x.size(-1) > 0,
               "top1: float32 values (..., V) on CPU, V > 0");
@@ -1178,6 +1186,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("embed_rows", &embed_rows, pybind11::arg("tokens"), pybind11::arg("start"), pybind11::arg("token_table"),
         pybind11::arg("position_table"), pybind11::arg("scale"), pybind11::arg("offset"), pybind11::arg("last"),
         "a decoder's plain input: token_table[tokens] * scale + position_table[min(start + j + offset, last)]");
+  m.def("gelu", &gelu, pybind11::arg("x"),
+        "fairseq's exact GELU as the fused layers compute it (8 floats at a time), float32 on CPU");
   m.def("top1", &top1, pybind11::arg("x"),
         "the index torch.topk(x, 2) gives first in every row of x (..., V), float32 on CPU");
   m.def("compact_rows", &compact_rows, pybind11::arg("tensors"), pybind11::arg("keep"),
