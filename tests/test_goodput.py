@@ -254,16 +254,25 @@ def test_new_rows_start_from_the_acceptance_seen_so_far():
 
 
 class FakeClock:
-    """time.perf_counter for the controller: each call advances by what the iteration
-    planned (``state``) takes, ``drafting`` or ``idle`` times the table's seconds."""
+    """time.perf_counter for the controller: each iteration, given as the ``state`` that
+    planned it, advances it by what it takes, ``drafting`` or ``idle`` times the table's
+    seconds (whether or not the controller reads the clock after it: idle iterations are
+    folded into the next one timed)."""
 
     def __init__(self, goodput, drafting: float, idle: float = 1.0):
-        self.goodput, self.drafting, self.idle, self.now, self.state = goodput, drafting, idle, 0.0, None
+        self.goodput, self.drafting, self.idle, self.now, self._state = goodput, drafting, idle, 0.0, None
+
+    @property
+    def state(self):
+        return self._state
+
+    @state.setter
+    def state(self, state) -> None:
+        self._state = state
+        factor = self.drafting if state.planned.max() > 0 else self.idle
+        self.now += factor * plan_seconds(state.planned, self.goodput.costs, K)
 
     def __call__(self) -> float:
-        if self.state is not None:
-            factor = self.drafting if self.state.planned.max() > 0 else self.idle
-            self.now += factor * plan_seconds(self.state.planned, self.goodput.costs, K)
         return self.now
 
 
@@ -356,6 +365,55 @@ def test_an_iteration_said_to_idle_next_plans_nothing(correction, monkeypatch):
         assert not (idle and state.planned.any())
         resumed += not drafted and state.drafts
     assert resumed == (correction == "timing")
+
+
+def run_batches(monkeypatch, fold_max: int, finishing: bool, correction: str, batches: int = 24):
+    """Plans of goodput over ``batches`` batches of 40 iterations (rows 4, 7 and 16 in
+    turn; drafts accepted in every sixth batch only; with ``finishing``, a row finishing
+    every ninth iteration), idle iterations folded into the next one timed, ``fold_max`` at
+    a time (1: none), each taking what the table says times a factor that changes from
+    batch to batch; with the clock reads it took."""
+    monkeypatch.setattr(goodput_module, "FOLD_MAX", fold_max)
+    rng = np.random.default_rng(1)
+    goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=8, limit=None, costs=table(0.05, (1.0, 0.2)),
+                      correction=correction, verdict="measured")
+    clock = FakeClock(goodput, drafting=1.5)
+    reads = []
+    monkeypatch.setattr(goodput_module.time, "perf_counter", lambda: reads.append(1) or clock())
+    sent = []
+    for batch in range(batches):
+        accepting, clock.idle = batch % 6 == 5, [1.0, 1.4, 0.8, 1.1][batch % 4]
+        state = goodput.start([4, 7, 16][batch % 3], torch.device("cpu"))
+        for i in range(40):
+            clock.state = state
+            k = state.plan
+            sent.append(k.tolist())
+            kept = torch.tensor([int(rng.integers(0, n + 1)) if accepting else 0 for n in k.tolist()])
+            state = goodput.observe(state, k, kept)
+            if finishing and i % 9 == 8 and len(state.planned) > 1:  # a row finishes
+                state = state.select(torch.tensor(sorted(rng.choice(len(state.planned), len(state.planned) - 1,
+                                                                    replace=False).tolist())))
+    return sent, len(reads), goodput
+
+
+@pytest.mark.parametrize("correction", ["none", "timing"])
+@pytest.mark.parametrize("finishing", [False, True])
+def test_idle_iterations_folded_into_the_next_one_timed_change_no_plan(correction, finishing, monkeypatch):
+    """Folded (one clock read for several idle iterations of a batch, their mean weighed as
+    that many iterations): the same plans as timing each, far fewer clock reads, the same
+    iterations counted at each row count, and the same verdict and corrections where the
+    folded iterations took as long as each other (here, as the table says, times a factor);
+    where rows finish within a fold, the iterations before and after are timed at their own
+    row counts, the fold's seconds shared as the table predicts them."""
+    fold_max = goodput_module.FOLD_MAX
+    each, each_reads, timed = run_batches(monkeypatch, 1, finishing, correction)
+    folded, folded_reads, goodput = run_batches(monkeypatch, fold_max, finishing, correction)
+    assert folded == each and sum(map(any, each)) > 30  # the same plans, some of them drafting
+    assert folded_reads < 0.6 * each_reads
+    assert goodput.verdict.seen == timed.verdict.seen and goodput.timed == timed.timed
+    for name in ("tokens", "seconds"):
+        assert np.allclose(getattr(goodput.verdict, name), getattr(timed.verdict, name), rtol=1e-9)
+    assert np.allclose(goodput.log_ratio, timed.log_ratio, atol=1e-9)
 
 
 def test_a_verdict_compares_tokens_per_second_of_the_two_kinds_by_row_count():

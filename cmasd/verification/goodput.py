@@ -133,7 +133,13 @@ hundred multiply-adds) before drafting, so the drafter drafts only the longest k
 (``budget``), and nothing at all when every row is planned at 0. An iteration in which no
 row drafted changes no estimate, so the plan stands and is not made again, unless a row
 probes or so many rows have finished that the power of two of the rows active changed
-(planning 16 rows takes about a tenth of an iteration's bookkeeping).
+(planning 16 rows takes about a tenth of an iteration's bookkeeping). Such an iteration of
+several rows changes nothing but the clock, and where no probe is due and no row has finished
+since it was timed, it is folded into the next one timed (``folds``): one clock read and one
+verdict and correction update for up to ``FOLD_MAX`` iterations, their mean weighed as that
+many iterations would be. At batch 16 on newstest2014, where drafting fails, the updates of
+each idle iteration cost goodput 2-4% of ``loop-greedy``'s time (docs/results/speculation-pays.md,
+twenty-ninth session).
 """
 
 import functools
@@ -168,6 +174,7 @@ POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's e
 ACCEPTANCE_MODELS = ("geometric", "positional")
 PROBE_CAP = 64  # a probe period grows to at most this many times --goodput-probe-every
 IDLE_MARGIN = 0.8  # a bound on plans known to idle is tried at this times the drafting weight it was found at
+FOLD_MAX = 16  # idle iterations of several rows timed as one at most (``Goodput.folds``)
 
 
 @dataclass
@@ -390,6 +397,9 @@ class Goodput(Controller):
         # (plain lists: read and written every iteration, where numpy's calls would cost more)
         self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
         self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]  # iterations timed of each kind
+        # idle iterations since the state's clock, folded into the next one timed, and the
+        # tokens they gained (``folds``)
+        self.folded, self.folded_tokens = 0, 0
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
@@ -426,18 +436,49 @@ class Goodput(Controller):
         rows gained ``tokens`` tokens, into the verdict and the timing corrections. Whether
         it completed the idle timing of its row count (the plan is then made again: the
         correction applies from now on)."""
+        folded, folded_tokens = self.folded, self.folded_tokens  # idle iterations folded into it (``folds``)
+        self.folded = self.folded_tokens = 0
         if state.clock is None:
             return False
+        rows, seconds = len(state.planned), now - state.clock
+        if folded and rows != state.predicted_for:
+            # rows finished after the folded iterations: each part timed at its row count, the
+            # seconds shared as the table predicts them (idle iterations of the two counts)
+            before, after = folded * state.predicted, self.seconds(state.planned, 0, 0)
+            share = before / (before + after) if before + after > 0.0 else folded / (folded + 1)
+            self.timed_as(state.predicted_for, state, folded_tokens / folded, seconds * share / folded, folded)
+            return self.timed_as(rows, state, tokens, seconds * (1.0 - share))
+        n = folded + 1
+        return self.timed_as(rows, state, (tokens + folded_tokens) / n, seconds / n, n)
+
+    def timed_as(self, rows: int, state: "GoodputState", tokens: float, seconds: float, n: int = 1) -> bool:
+        """``n`` iterations of ``rows`` rows planned in ``state`` that gained ``tokens`` each
+        in ``seconds`` each (means), into the verdict and the timing correction, weighed as
+        n iterations alike. Whether they completed the idle timing of their row count."""
         if self.verdict is not None:
-            self.verdict.record(len(state.planned), state.drafts, tokens, now - state.clock)
+            self.verdict.record(rows, state.drafts, tokens, seconds, n)
         if self.correction != "timing" or state.predicted <= 0.0:
             return False
-        ratio = min(max((now - state.clock) / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
+        ratio = min(max(seconds / state.predicted, TIMING_RANGE[0]), TIMING_RANGE[1])
         kind = int(state.drafts)  # whether a draft pass ran
-        b = bucket(len(state.planned))
-        self.log_ratio[b][kind] += TIMING_WEIGHT * (math.log(ratio) - self.log_ratio[b][kind])
-        self.timed[b][kind] += 1
+        b = bucket(rows)
+        weight = TIMING_WEIGHT if n == 1 else 1.0 - (1.0 - TIMING_WEIGHT) ** n
+        self.log_ratio[b][kind] += weight * (math.log(ratio) - self.log_ratio[b][kind])
+        self.timed[b][kind] += n
         return kind == 0 and self.timed[b][0] == TIMING_MIN
+
+    def folds(self, state: "GoodputState", rows: int) -> bool:
+        """Whether the idle iteration of ``rows`` > 1 rows just ended (planned in ``state``,
+        nothing sent) leaves the state as it was but for its clock, so that it can be timed
+        with the next one (``time``) and ``observe_read`` return ``state`` itself: the
+        clock is running, the rows are those the prediction was made for (none finished
+        since it was timed: the folded iterations are of one row count), the plan was made
+        for their power of two, their idle timing is complete (no correction can complete
+        now), no probe can be due (the step is not a multiple of the probe period), and fewer
+        than ``FOLD_MAX`` iterations are folded already."""
+        return (state.clock is not None and rows == state.predicted_for and (self.iterations + 1) % self.probe_every != 0
+                and self.folded < FOLD_MAX - 1 and bucket(rows) == bucket(state.planned_for)
+                and (self.correction != "timing" or self.timed[bucket(rows)][0] >= TIMING_MIN))
 
     def timing_idle(self, rows: int) -> bool:
         """Whether iterations of ``rows`` rows idle to be timed: drafting ones were timed
@@ -503,6 +544,7 @@ class Goodput(Controller):
                                  self.profile).any())
 
     def start(self, rows: int, device: torch.device) -> GoodputState:
+        self.folded = self.folded_tokens = 0  # a batch that ended folding: not timed (nor is a batch's first)
         acceptance, weight = self.starting_acceptance()
         if self.batch == "auto":  # every row where the batch's full width gains from drafting, else its last row
             self.last_row_only = rows > 1 and not self.full_batch_pays(rows, acceptance)
@@ -577,6 +619,11 @@ class Goodput(Controller):
         and ``kept`` None: not read (``hears_counts``: every row was planned at 0)."""
         rows = len(state.planned)
         if not state.drafts:  # every row was planned at 0: nothing was sent, nothing is learnt
+            if rows > 1 and self.folds(state, rows):  # timed with the next iteration
+                self.iterations += 1
+                self.folded += 1
+                self.folded_tokens += rows
+                return state
             sent = kept = None
         now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
         # the tokens the rows gained: one each, and the drafts accepted

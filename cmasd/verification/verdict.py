@@ -44,9 +44,10 @@ class Verdict:
         self.seconds: List[List[float]] = [[0.0, 0.0] for _ in range(BUCKETS)]
         self.seen: List[List[int]] = [[0, 0] for _ in range(BUCKETS)]
 
-    def record(self, rows: int, drafted: bool, tokens: float, seconds: float) -> None:
+    def record(self, rows: int, drafted: bool, tokens: float, seconds: float, n: int = 1) -> None:
         """One iteration of ``rows`` rows that gained ``tokens`` tokens in ``seconds``
-        (``drafted``: whether a draft pass ran). The first of each kind sets the averages,
+        (``drafted``: whether a draft pass ran); with ``n`` > 1, the mean of n such
+        iterations, weighed as n iterations alike would be. The first of each kind sets the averages,
         and so does a drafting iteration that gained more tokens per second than the idle
         average where the verdict idles (a probe that paid): drafting resumes at once, where
         averaging it in would take a dozen probes at doubling periods, and if it was luck
@@ -54,12 +55,12 @@ class Verdict:
         if seconds <= 0.0:
             return
         b, kind = bucket(rows), int(drafted)
-        w = 1.0 if self.seen[b][kind] == 0 else self.weight
+        w = 1.0 if self.seen[b][kind] == 0 else self.weight if n == 1 else 1.0 - (1.0 - self.weight) ** n
         if drafted and self.idles(rows) and tokens * self.seconds[b][0] > self.tokens[b][0] * seconds:
             w = 1.0  # a probe that beat the idle iterations restarts the drafting averages (``record``)
         self.tokens[b][kind] += w * (tokens - self.tokens[b][kind])
         self.seconds[b][kind] += w * (seconds - self.seconds[b][kind])
-        self.seen[b][kind] += 1
+        self.seen[b][kind] += n
 
     def rate(self, rows: int, drafted: bool) -> float:
         """Tokens per second of such iterations (0 where none was seen)."""
