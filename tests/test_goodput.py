@@ -434,6 +434,22 @@ def test_a_verdict_compares_tokens_per_second_of_the_two_kinds_by_row_count():
     assert verdict.idles(16) and verdict.idles(31) and not verdict.idles(15) and not verdict.idles(32)
 
 
+@pytest.mark.parametrize("weight, idles", [(0.1, True), (0.02, False)])
+def test_a_longer_verdict_memory_rides_out_a_hard_sentence(weight, idles):
+    """Drafting at 1.5 tokens a second against idling's 1, then a hard sentence's eight
+    drafting iterations at 0.5: the default weight (0.1) says idle, a longer memory does not."""
+    verdict = Verdict(weight)
+    for _ in range(MINIMUM):
+        verdict.record(1, False, tokens=1.0, seconds=1.0)
+    for _ in range(40):
+        verdict.record(1, True, tokens=3.0, seconds=2.0)
+    for _ in range(8):
+        verdict.record(1, True, tokens=1.0, seconds=2.0)
+    assert verdict.idles(1) == idles
+    goodput = Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, verdict="measured", verdict_weight=weight)
+    assert goodput.verdict.weight == weight
+
+
 def run_judged(verdict: str, clock_factors, rows: int, monkeypatch):
     """Draft lengths sent by goodput on a table where drafting pays, every draft accepted,
     the i-th iteration's drafting taking ``clock_factors[i]`` times what the table says, after
@@ -556,6 +572,8 @@ def test_the_controller_refuses_what_it_cannot_plan_with():
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, correction="clock")
     with pytest.raises(UsageError, match="--goodput-verdict: choose from measured, none, got 'guess'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, verdict="guess")
+    with pytest.raises(UsageError, match=r"--goodput-verdict-weight: must be in \(0, 1\], got 0"):
+        Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, verdict="measured", verdict_weight=0.0)
     with pytest.raises(UsageError, match="--goodput-batch: choose from all, last, auto, got 'first'"):
         Goodput(K, prior=0.5, memory=0.5, probe_every=3, limit=None, batch="first")
     with pytest.raises(UsageError, match="drafts of up to 6 tokens, fewer than --spec-k-max=8"):

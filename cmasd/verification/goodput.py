@@ -137,9 +137,9 @@ probes or so many rows have finished that the power of two of the rows active ch
 several rows changes nothing but the clock, and where no probe is due and no row has finished
 since it was timed, it is folded into the next one timed (``folds``): one clock read and one
 verdict and correction update for up to ``FOLD_MAX`` iterations, their mean weighed as that
-many iterations would be. At batch 16 on newstest2014, where drafting fails, the updates of
-each idle iteration cost goodput 2-4% of ``loop-greedy``'s time (docs/results/speculation-pays.md,
-twenty-ninth session).
+many iterations would be. At batch 16 on newstest2014, where drafting fails, an idle
+goodput's bookkeeping took 45-70 us of an iteration of about 2.2 ms more than the loop's;
+folding saves about 20 of them (docs/results/speculation-pays.md, twenty-ninth session).
 """
 
 import functools
@@ -157,7 +157,7 @@ from cmasd.core.drafting import Draft
 from cmasd.core.verifying import Controller, RowState
 from cmasd.errors import UsageError
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
-from cmasd.verification.verdict import BUCKETS as ROW_BUCKETS, Verdict, bucket
+from cmasd.verification.verdict import BUCKETS as ROW_BUCKETS, WEIGHT as VERDICT_WEIGHT, Verdict, bucket
 
 PRIOR_WEIGHT = 2.0  # drafts' worth of evidence --goodput-prior counts for at a row's start
 LEARNED_WEIGHT = 10.0  # and a learnt prior (the pooled acceptance of many rows: a row's own first drafts say less)
@@ -218,6 +218,11 @@ class GoodputOptions:
         metadata={"help": "goodput: measured: where the iterations that drafted have gained fewer tokens per second than "
                   "those that did not (moving averages, for each power of two of rows active), plan nothing there but "
                   "probes (cmasd.verification.verdict); none: the plans alone", "choices": VERDICTS},
+    )
+    goodput_verdict_weight: float = field(
+        default=VERDICT_WEIGHT,
+        metadata={"help": "goodput: the weight of the newest iteration in the verdict's moving averages, in (0, 1] "
+                  "(smaller: a longer memory, so that a few sentences' luck stops and restarts drafting less often)"},
     )
     goodput_start: str = field(
         default="learned",
@@ -353,7 +358,8 @@ class Goodput(Controller):
 
     def __init__(self, k_max: int, prior: float, memory: float, probe_every: int, limit: Optional[int],
                  costs: Optional[Costs] = None, correction: str = "none", start: str = "prior",
-                 acceptance: str = "geometric", verdict: str = "none", batch: str = "all"):
+                 acceptance: str = "geometric", verdict: str = "none", batch: str = "all",
+                 verdict_weight: float = VERDICT_WEIGHT):
         within("--spec-k-max", k_max, 1, limit)
         if not 0.0 < prior < 1.0:
             raise UsageError(f"--goodput-prior: must be in (0, 1), got {prior:g}")
@@ -367,6 +373,8 @@ class Goodput(Controller):
             raise UsageError(f"--goodput-start: choose from {', '.join(STARTS)}, got {start!r}")
         if verdict not in VERDICTS:
             raise UsageError(f"--goodput-verdict: choose from {', '.join(VERDICTS)}, got {verdict!r}")
+        if not 0.0 < verdict_weight <= 1.0:
+            raise UsageError(f"--goodput-verdict-weight: must be in (0, 1], got {verdict_weight:g}")
         if batch not in BATCHES:
             raise UsageError(f"--goodput-batch: choose from {', '.join(BATCHES)}, got {batch!r}")
         if acceptance not in ACCEPTANCE_MODELS:
@@ -379,7 +387,7 @@ class Goodput(Controller):
         # plan nothing, probes included, while more than one row is active (``auto``: set at each batch's start)
         self.last_row_only = batch == "last"
         # measured tokens per second of idle and drafting iterations (None: the plans alone)
-        self.verdict = Verdict() if verdict == "measured" else None
+        self.verdict = Verdict(verdict_weight) if verdict == "measured" else None
         self.pool = (0.0, 0.0)  # decayed accepted drafts and rejections over every row so far
         self.positional = acceptance == "positional"
         self.reached = np.zeros(k_max)  # decayed drafts that reached each position (all before them accepted)
@@ -406,7 +414,7 @@ class Goodput(Controller):
         goodput = cls(largest_k(cfg, limit), cfg.goodput_prior, cfg.goodput_memory, cfg.goodput_probe_every, limit,
                       correction=cfg.goodput_correction, start=cfg.goodput_start,
                       acceptance=cfg.goodput_acceptance, verdict=cfg.goodput_verdict,
-                      batch=cfg.goodput_batch)
+                      batch=cfg.goodput_batch, verdict_weight=cfg.goodput_verdict_weight)
         if cfg.spec_costs:
             goodput.use_costs(Costs.load(cfg.spec_costs))
         return goodput
