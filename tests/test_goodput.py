@@ -418,8 +418,9 @@ def test_idle_iterations_folded_into_the_next_one_timed_change_no_plan(correctio
 
 def test_a_verdict_compares_tokens_per_second_of_the_two_kinds_by_row_count():
     """Idle until each kind was seen MINIMUM times; then drafting's tokens per second (a
-    ratio of averages, not an average of ratios) against idle ones', for that row count only."""
-    verdict = Verdict()
+    ratio of averages, not an average of ratios) against idle ones', for that row count only
+    (each iteration weighing 0.1 in the averages)."""
+    verdict = Verdict(0.1)
     for _ in range(MINIMUM):
         verdict.record(16, False, tokens=16, seconds=1.0)  # 16 tokens a second
         assert not verdict.idles(16)
@@ -434,10 +435,12 @@ def test_a_verdict_compares_tokens_per_second_of_the_two_kinds_by_row_count():
     assert verdict.idles(16) and verdict.idles(31) and not verdict.idles(15) and not verdict.idles(32)
 
 
-@pytest.mark.parametrize("weight, idles", [(0.1, True), (0.02, False)])
+@pytest.mark.parametrize("weight, idles", [(0.1, True), (0.02, False), (None, False)])
 def test_a_longer_verdict_memory_rides_out_a_hard_sentence(weight, idles):
     """Drafting at 1.5 tokens a second against idling's 1, then a hard sentence's eight
-    drafting iterations at 0.5: the default weight (0.1) says idle, a longer memory does not."""
+    drafting iterations at 0.5: a weight of 0.1 (the default until the twenty-ninth session)
+    says idle; a longer memory, the default's (None) included, does not."""
+    weight = goodput_module.VERDICT_WEIGHT if weight is None else weight
     verdict = Verdict(weight)
     for _ in range(MINIMUM):
         verdict.record(1, False, tokens=1.0, seconds=1.0)

@@ -20,7 +20,12 @@ and drafting resumes.
 
 from typing import List
 
-WEIGHT = 0.1  # the newest iteration's weight in each moving average
+# the newest iteration's weight in each moving average: at 0.1 (until the twenty-ninth session)
+# a hard sentence's few drafting iterations could stop drafting at batch 1 where it paid (two
+# identical controllers drafted k 3.95 and 2.98 a row-iteration on Multi30k); paired against
+# 0.03 on seven splits and batch sizes, 0.03 was never slower, 2.8% faster there
+# (docs/results/speculation-pays.md, twenty-ninth session)
+WEIGHT = 0.03
 MINIMUM = 8  # iterations of each kind at a row count before a verdict is given there
 BUCKETS = 8  # row counts: 1, 2-3, 4-7, ..., 128 and more (goodput's timing corrections' too)
 
