@@ -5,7 +5,8 @@ pay, k growing with acceptance where it does, per row within a ragged batch, the
 for every row where verification is padded, probes after a row has sat at 0 (on the
 controller's clock, later rows starting from the period reached), the bound on plans
 known to idle, per-position acceptance, ``idles_next`` never saying idle before a plan that
-drafts. The tables' refusal of nonsense, and what they say drafting can gain (nothing where a
+drafts, idle iterations folded into the next one timed planning as timing each does, the
+verdict's memory. The tables' refusal of nonsense, and what they say drafting can gain (nothing where a
 pass costs its positions, the longest draft where a block costs a step, paying from the
 acceptance that repays one draft). Calibration's
 table for tiny models in process. Then through
