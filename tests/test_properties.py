@@ -49,6 +49,7 @@ options = st.fixed_dictionaries({
     "goodput_start": st.sampled_from(["learned", "prior"]),
     "goodput_acceptance": st.sampled_from(["geometric", "positional"]),
     "goodput_batch": st.sampled_from(["all", "last", "auto"]),
+    "goodput_verdict_weight": st.sampled_from([0.03, 0.1, 1.0]),
     "draft_ms": st.floats(0.0, 2.0),  # not an option: a position's draft cost in the cost table goodput plans with
 })
 
