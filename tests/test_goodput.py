@@ -369,23 +369,24 @@ def test_an_iteration_said_to_idle_next_plans_nothing(correction, monkeypatch):
 
 
 def run_batches(monkeypatch, fold_max: int, finishing: bool, correction: str, batches: int = 24):
-    """Plans of goodput over ``batches`` batches of 40 iterations (rows 4, 7 and 16 in
+    """Plans of goodput over ``batches`` batches of 37-41 iterations (rows 4, 7 and 16 in
     turn; drafts accepted in every sixth batch only; with ``finishing``, a row finishing
-    every ninth iteration), idle iterations folded into the next one timed, ``fold_max`` at
-    a time (1: none), each taking what the table says times a factor that changes from
-    batch to batch; with the clock reads it took."""
+    every ninth iteration), idle iterations folded into one update, ``fold_max`` at a time
+    (0: none), each taking what the table says times a factor that changes from batch to
+    batch; with the updates of the verdict and correction it made."""
     monkeypatch.setattr(goodput_module, "FOLD_MAX", fold_max)
     rng = np.random.default_rng(1)
     goodput = Goodput(K, prior=0.6, memory=0.5, probe_every=8, limit=None, costs=table(0.05, (1.0, 0.2)),
                       correction=correction, verdict="measured")
     clock = FakeClock(goodput, drafting=1.5)
-    reads = []
-    monkeypatch.setattr(goodput_module.time, "perf_counter", lambda: reads.append(1) or clock())
+    monkeypatch.setattr(goodput_module.time, "perf_counter", clock)
+    updates, timed_as = [], goodput.timed_as
+    goodput.timed_as = lambda *args: updates.append(1) or timed_as(*args)
     sent = []
     for batch in range(batches):
         accepting, clock.idle = batch % 6 == 5, [1.0, 1.4, 0.8, 1.1][batch % 4]
         state = goodput.start([4, 7, 16][batch % 3], torch.device("cpu"))
-        for i in range(40):
+        for i in range(37 + batch % 5):  # batches ending at and between multiples of the probe period
             clock.state = state
             k = state.plan
             sent.append(k.tolist())
@@ -394,23 +395,24 @@ def run_batches(monkeypatch, fold_max: int, finishing: bool, correction: str, ba
             if finishing and i % 9 == 8 and len(state.planned) > 1:  # a row finishes
                 state = state.select(torch.tensor(sorted(rng.choice(len(state.planned), len(state.planned) - 1,
                                                                     replace=False).tolist())))
-    return sent, len(reads), goodput
+    goodput.start(4, torch.device("cpu"))  # a batch after the last: a fold the last ended with is timed
+    return sent, len(updates), goodput
 
 
 @pytest.mark.parametrize("correction", ["none", "timing"])
 @pytest.mark.parametrize("finishing", [False, True])
 def test_idle_iterations_folded_into_the_next_one_timed_change_no_plan(correction, finishing, monkeypatch):
-    """Folded (one clock read for several idle iterations of a batch, their mean weighed as
-    that many iterations): the same plans as timing each, far fewer clock reads, the same
+    """Folded (one update for several idle iterations of a batch, their mean weighed as
+    that many iterations): the same plans as timing each, far fewer updates, the same
     iterations counted at each row count, and the same verdict and corrections where the
     folded iterations took as long as each other (here, as the table says, times a factor);
-    where rows finish within a fold, the iterations before and after are timed at their own
-    row counts, the fold's seconds shared as the table predicts them."""
+    where rows finish after a fold, the iteration after it is timed at its own row count, and
+    a fold a batch ends with is timed when the next starts."""
     fold_max = goodput_module.FOLD_MAX
-    each, each_reads, timed = run_batches(monkeypatch, 1, finishing, correction)
-    folded, folded_reads, goodput = run_batches(monkeypatch, fold_max, finishing, correction)
+    each, each_updates, timed = run_batches(monkeypatch, 0, finishing, correction)
+    folded, folded_updates, goodput = run_batches(monkeypatch, fold_max, finishing, correction)
     assert folded == each and sum(map(any, each)) > 30  # the same plans, some of them drafting
-    assert folded_reads < 0.6 * each_reads
+    assert folded_updates < 0.6 * each_updates
     assert goodput.verdict.seen == timed.verdict.seen and goodput.timed == timed.timed
     for name in ("tokens", "seconds"):
         assert np.allclose(getattr(goodput.verdict, name), getattr(timed.verdict, name), rtol=1e-9)

@@ -135,9 +135,10 @@ row drafted changes no estimate, so the plan stands and is not made again, unles
 probes or so many rows have finished that the power of two of the rows active changed
 (planning 16 rows takes about a tenth of an iteration's bookkeeping). Such an iteration of
 several rows changes nothing but the clock, and where no probe is due and no row has finished
-since it was timed, it is folded into the next one timed (``folds``): one clock read and one
-verdict and correction update for up to ``FOLD_MAX`` iterations, their mean weighed as that
-many iterations would be. At batch 16 on newstest2014, where drafting fails, an idle
+since it was timed, it is folded (``folds``): the state stands, its end is read from the clock,
+and up to ``FOLD_MAX`` such iterations make one verdict and correction update when the next
+iteration is timed or the next batch starts (``unfold``), their mean weighed as that many
+iterations would be. At batch 16 on newstest2014, where drafting fails, an idle
 goodput's bookkeeping took 45-70 us of an iteration of about 2.2 ms more than the loop's;
 folding saves about 20 of them (docs/results/speculation-pays.md, twenty-ninth session).
 """
@@ -174,7 +175,7 @@ POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's e
 ACCEPTANCE_MODELS = ("geometric", "positional")
 PROBE_CAP = 64  # a probe period grows to at most this many times --goodput-probe-every
 IDLE_MARGIN = 0.8  # a bound on plans known to idle is tried at this times the drafting weight it was found at
-FOLD_MAX = 16  # idle iterations of several rows timed as one at most (``Goodput.folds``)
+FOLD_MAX = 16  # idle iterations of several rows folded into one update at most (``Goodput.folds``)
 
 
 @dataclass
@@ -405,9 +406,9 @@ class Goodput(Controller):
         # (plain lists: read and written every iteration, where numpy's calls would cost more)
         self.log_ratio = [[0.0, 0.0] for _ in range(ROW_BUCKETS)]
         self.timed = [[0, 0] for _ in range(ROW_BUCKETS)]  # iterations timed of each kind
-        # idle iterations since the state's clock, folded into the next one timed, and the
-        # tokens they gained (``folds``)
-        self.folded, self.folded_tokens = 0, 0
+        # idle iterations since the state's clock, folded into the next one timed (``folds``;
+        # each of ``state.predicted_for`` rows, a token a row), the last one's state and when it ended
+        self.folded, self.fold_state, self.fold_end = 0, None, 0.0
 
     @classmethod
     def from_config(cls, cfg, limit: Optional[int]) -> "Goodput":
@@ -444,20 +445,19 @@ class Goodput(Controller):
         rows gained ``tokens`` tokens, into the verdict and the timing corrections. Whether
         it completed the idle timing of its row count (the plan is then made again: the
         correction applies from now on)."""
-        folded, folded_tokens = self.folded, self.folded_tokens  # idle iterations folded into it (``folds``)
-        self.folded = self.folded_tokens = 0
-        if state.clock is None:
+        start = state.clock
+        if self.folded:  # idle iterations folded into this one (``folds``): timed first, on their own
+            start = self.unfold()
+        if start is None:
             return False
-        rows, seconds = len(state.planned), now - state.clock
-        if folded and rows != state.predicted_for:
-            # rows finished after the folded iterations: each part timed at its row count, the
-            # seconds shared as the table predicts them (idle iterations of the two counts)
-            before, after = folded * state.predicted, self.seconds(state.planned, 0, 0)
-            share = before / (before + after) if before + after > 0.0 else folded / (folded + 1)
-            self.timed_as(state.predicted_for, state, folded_tokens / folded, seconds * share / folded, folded)
-            return self.timed_as(rows, state, tokens, seconds * (1.0 - share))
-        n = folded + 1
-        return self.timed_as(rows, state, (tokens + folded_tokens) / n, seconds / n, n)
+        return self.timed_as(len(state.planned), state, tokens, now - start)
+
+    def unfold(self) -> float:
+        """Time the idle iterations folded since the clock (``folds``), all of one row count,
+        a token a row, as that many iterations of their mean; when the last of them ended."""
+        folded, last, self.folded = self.folded, self.fold_state, 0
+        self.timed_as(last.predicted_for, last, last.predicted_for, (self.fold_end - last.clock) / folded, folded)
+        return self.fold_end
 
     def timed_as(self, rows: int, state: "GoodputState", tokens: float, seconds: float, n: int = 1) -> bool:
         """``n`` iterations of ``rows`` rows planned in ``state`` that gained ``tokens`` each
@@ -477,16 +477,13 @@ class Goodput(Controller):
 
     def folds(self, state: "GoodputState", rows: int) -> bool:
         """Whether the idle iteration of ``rows`` > 1 rows just ended (planned in ``state``,
-        nothing sent) leaves the state as it was but for its clock, so that it can be timed
-        with the next one (``time``) and ``observe_read`` return ``state`` itself: the
-        clock is running, the rows are those the prediction was made for (none finished
-        since it was timed: the folded iterations are of one row count), the plan was made
-        for their power of two, their idle timing is complete (no correction can complete
-        now), no probe can be due (the step is not a multiple of the probe period), and fewer
-        than ``FOLD_MAX`` iterations are folded already."""
-        return (state.clock is not None and rows == state.predicted_for and (self.iterations + 1) % self.probe_every != 0
-                and self.folded < FOLD_MAX - 1 and bucket(rows) == bucket(state.planned_for)
-                and (self.correction != "timing" or self.timed[bucket(rows)][0] >= TIMING_MIN))
+        nothing sent) leaves the state as it was but for its clock, so that ``observe_read``
+        returns ``state`` itself and the iteration is timed with those folded with it
+        (``unfold``): the clock is running, the rows are those the prediction was made for (none finished
+        since it was timed: the folded iterations are of one row count), the plan stands
+        (``idles_next``) and fewer than ``FOLD_MAX`` iterations are folded already."""
+        return (state.clock is not None and rows == state.predicted_for and self.folded < FOLD_MAX
+                and self.idles_next(state))
 
     def timing_idle(self, rows: int) -> bool:
         """Whether iterations of ``rows`` rows idle to be timed: drafting ones were timed
@@ -552,7 +549,8 @@ class Goodput(Controller):
                                  self.profile).any())
 
     def start(self, rows: int, device: torch.device) -> GoodputState:
-        self.folded = self.folded_tokens = 0  # a batch that ended folding: not timed (nor is a batch's first)
+        if self.folded:  # the last batch ended folding
+            self.unfold()
         acceptance, weight = self.starting_acceptance()
         if self.batch == "auto":  # every row where the batch's full width gains from drafting, else its last row
             self.last_row_only = rows > 1 and not self.full_batch_pays(rows, acceptance)
@@ -627,10 +625,10 @@ class Goodput(Controller):
         and ``kept`` None: not read (``hears_counts``: every row was planned at 0)."""
         rows = len(state.planned)
         if not state.drafts:  # every row was planned at 0: nothing was sent, nothing is learnt
-            if rows > 1 and self.folds(state, rows):  # timed with the next iteration
+            if rows > 1 and self.folds(state, rows):  # timed with the next iteration (or the next batch's start)
                 self.iterations += 1
                 self.folded += 1
-                self.folded_tokens += rows
+                self.fold_state, self.fold_end = state, time.perf_counter()
                 return state
             sent = kept = None
         now = time.perf_counter()  # after the read: the iteration's work is done, on a GPU too
