@@ -115,6 +115,39 @@ def test_cached_drafting_equals_recompute_with_ragged_growth(learned_pos, normal
             lengths = lengths + torch.tensor(growth[step])
 
 
+@pytest.mark.needs_gemv
+@pytest.mark.parametrize("kernels", ["gemv", "bf16"])
+@pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
+def test_fused_drafting_equals_layer_by_layer_with_ragged_growth(learned_pos, normalize_before, kernels, monkeypatch):
+    """On gemv or bf16 kernels a pass runs in the fused C++ layers, the slots' keys written past
+    each row's prefix (the next pass overwrites them): the logits are those of the same kernels
+    layer by layer, pass after pass, rows growing raggedly or not at all, the cache grown where
+    the slots would pass its end (started here with room for the prefixes alone)."""
+    drafter, verifier, dictionary = tiny_drafter(learned_pos, normalize_before)
+    fused, stepwise = SpecDrafter(drafter, kernels), SpecDrafter(drafter, kernels)
+    assert fused.decoder.fused is not None
+    monkeypatch.setattr(fused, "block_logits", None)  # a pass that is not fused fails
+    monkeypatch.setattr(stepwise.decoder, "takes_whole", lambda batch, width: False)
+    gen = torch.Generator().manual_seed(8)
+    bsz, capacity = 3, 16
+    _, _, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    full = sequences(dictionary, gen, bsz, capacity)
+    lengths = torch.ones(bsz, dtype=torch.long)
+    states = [drafting.start_cache(encoder_out, capacity) for drafting in (fused, stepwise)]
+    growth = [[3, 1, 5], [0, 2, 1], [4, 4, 0], [1, 6, 2], [2, 0, 3]]
+    for step in range(len(growth) + 1):
+        tokens = full.masked_fill(torch.arange(capacity)[None, :] >= lengths[:, None], dictionary.pad())
+        (logits, states[0]), (expected, states[1]) = (
+            drafting.logits(state, tokens, lengths) for drafting, state in zip((fused, stepwise), states))
+        assert torch.equal(states[0].cached, lengths)
+        assert states[0].capacity >= int(lengths.max()) + BLOCK  # grown to hold the slots
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+        if step < len(growth):
+            lengths = lengths + torch.tensor(growth[step])
+    if kernels == "gemv":  # and the native layers' logits, as every kernel's
+        torch.testing.assert_close(logits, draft_from_scratch(drafter, encoder_out, tokens, lengths), rtol=0, atol=1e-5)
+
+
 def test_a_grown_cache_drafts_as_a_large_one():
     drafter, verifier, dictionary = tiny_drafter()
     drafting = SpecDrafter(drafter)

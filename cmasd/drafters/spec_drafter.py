@@ -5,9 +5,11 @@ drafts with. One pass over the accepted prefix and ``block`` mask slots drafts t
 ``horizon`` tokens of every row; the model (``cmasd.models.spec_drafter``) is what
 fairseq-train trains.
 
-Its cache holds the prefix keys and values, append-only: a row's tokens are fed once, the
-slots are never cached, and nothing is ever rolled back (the slots are recomputed every
-pass). It is built at the batch's first draft (``Pending`` until then): a batch whose rows
+Its cache holds the prefix keys and values, append-only: a row's tokens are fed once and
+nothing is ever rolled back (the slots are recomputed every pass). Where the pass runs in the
+fused C++ layers (gemv or bf16 kernels, a block they take whole) the slots' keys and values are
+written past the prefix as well, where the next pass's tokens overwrite them; no query but the
+row's own slots sees them. It is built at the batch's first draft (``Pending`` until then): a batch whose rows
 never draft computes none of its encoder keys. Decoding runs a copy of the decoder's
 weights prepared once (``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv,
 int8 or bf16 kernels). With ``--spec-draft-shortlist N`` the pass projects its slots onto
@@ -40,7 +42,8 @@ class SpecDrafterCache:
     heads); the last column is a scratch slot that absorbs the writes of padding entries
     and is never attended to. ``cached`` (B,) counts the prefix tokens of each row in the
     cache. ``SpecDrafter.logits`` writes new prefix keys/values in place at indices >=
-    ``cached`` only (the cache is append-only), and returns a record with the new counts.
+    ``cached`` only (the cache is append-only; in the fused layers its slots' too, past the
+    prefix, growing the cache to hold them), and returns a record with the new counts.
     ``grow`` makes room for longer prefixes.
     """
 
@@ -256,10 +259,40 @@ class SpecDrafter(ModelDrafter):
             (logits,) = arena.replayed(
                 self.graphs, (bucket(bsz), most_new, block, slots), (new_tokens, index, fresh, lengths),
                 lambda *inputs: self.recorded_pass(arena, inputs, block, slots), self.counts)
+        elif not isinstance(state, ArenaDrafterCache) and self.decoder.takes_whole(bsz, most_new + block) \
+                and device.type == "cpu":
+            if longest + block > capacity:  # the slots are written past the prefix (doubling, as the loop grows)
+                state = state.grow(max(longest + block, 2 * capacity))
+            logits = self.fused_logits(state, new_tokens, index, fresh, lengths, block, slots, longest)
         else:
             logits = self.block_logits(state.kv, state.cross, state.cross_bias, new_tokens, index, fresh, lengths,
                                        block, slots, longest)
         return logits, dataclasses.replace(state, cached=lengths.clone())
+
+    def fused_logits(self, state: SpecDrafterCache, new_tokens: Tensor, index: Tensor, fresh: Tensor, lengths: Tensor,
+                     block: int, slots: int, seen: int) -> Tensor:
+        """``block_logits`` as one call of the fused C++ layers (``DecodingDecoder.block_states``),
+        for a block they take whole. The slots' keys and values go into the cache too, at the
+        positions after each row's prefix (``lengths`` ..), which the next pass overwrites with
+        the tokens accepted there: the cache keeps room for them (``state`` grown by the
+        caller), and what lies past a row's prefix is never seen but by its own slots, through
+        the mask. The same arithmetic as ``block_logits`` to float tolerance (the slots'
+        attention reads their keys from the cache, not from the pass)."""
+        bsz, most_new = new_tokens.shape
+        device = new_tokens.device
+        capacity = state.capacity
+        slot_index = lengths[:, None] + torch.arange(block, device=device)  # (B, K)
+        embedding = self.embedding
+        x = torch.cat([self.decoder.embed(new_tokens, embedding.positions(index)),  # (B, N, C)
+                       embedding.slot_inputs(embedding.positions(slot_index))], dim=1)  # (B, N + K, C)
+        used = seen + block
+        # what each query sees: a prefix token the cache up to its own position, a slot its row's
+        # prefix and every slot of its row (the positions up to its row's last slot)
+        limit = torch.cat([index, (lengths + (block - 1))[:, None].expand(bsz, block)], dim=1)  # (B, N + K)
+        bias = additive_mask((torch.arange(used, device=device)[None, None, :] <= limit[:, :, None])[:, None], x)
+        write_at = torch.cat([torch.where(fresh, index, torch.full_like(index, capacity)), slot_index], dim=1)
+        states = self.decoder.block_states(x, state.kv, write_at, used, bias, state.cross, state.cross_bias)
+        return self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V or N)
 
     def block_logits(self, kv: List[Tensor], cross: List[Tuple[Tensor, Tensor]], cross_bias: Optional[Tensor],
                      new_tokens: Tensor, index: Tensor, fresh: Tensor, lengths: Tensor, block: int, slots: int,

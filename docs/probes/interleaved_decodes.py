@@ -12,7 +12,9 @@ that configuration's draft model feed every token since its last call and projec
 (`AutoregressiveDrafter.keeps_fed_drafts` off: the behaviour before 2026-11-29); the same
 configuration may be given twice, once plain and once with it; `--shapes-always CONFIG` likewise
 computes the drafter's shapes after idle iterations too (`Controller.idles_next` off: the
-behaviour before 2026-11-29's tenth session); `--rows CONFIG=N` decodes that configuration with
+behaviour before 2026-11-29's tenth session); `--stepwise-drafter CONFIG` runs that
+configuration's Spec-Drafter passes layer by layer, never in the fused C++ layers (the behaviour
+before 2026-12-07's thirtieth session); `--rows CONFIG=N` decodes that configuration with
 `GEMV_MAX_ROWS` and `FUSED_MAX_ROWS` at N (the rows up to which a linear layer runs on the panel
 kernel, and a pass in the fused C++ layers; 64: the limits before 2026-12-07; set around each of
 its decodes, so the same configuration may be given at two thresholds,
@@ -63,6 +65,17 @@ def draft_models(drafter):
             yield from draft_models(part)
 
 
+def spec_drafters(drafter):
+    """The Spec-Drafters in ``drafter`` (a lookup's fallbacks included)."""
+    from cmasd.drafters.spec_drafter import SpecDrafter
+
+    if isinstance(drafter, SpecDrafter):
+        yield drafter
+    for part in (getattr(drafter, "first", None), getattr(drafter, "second", None)):
+        if part is not None:
+            yield from spec_drafters(part)
+
+
 def with_rows(decode, rows):
     """``decode`` run with ``GEMV_MAX_ROWS`` and ``FUSED_MAX_ROWS`` at ``rows`` (restored after)."""
     from cmasd.layers import kernels, prepared
@@ -97,6 +110,8 @@ def main():
     ap.add_argument("--feed-all", action="append", default=[], help="a configuration given, to run as before")
     ap.add_argument("--shapes-always", action="append", default=[],
                     help="a configuration given, to run with the drafter's shapes computed after idle iterations too")
+    ap.add_argument("--stepwise-drafter", action="append", default=[],
+                    help="a configuration given, to run with its Spec-Drafter's passes layer by layer")
     ap.add_argument("--rows", action="append", default=[],
                     help="CONFIG=N: that configuration decodes with GEMV_MAX_ROWS and FUSED_MAX_ROWS at N "
                          "(once per time it is given)")
@@ -150,6 +165,10 @@ def main():
         elif spec in a.shapes_always and spec + " (shapes always)" not in names:
             generator.controller.idles_next = lambda state: False
             name = spec + " (shapes always)"
+        elif spec in a.stepwise_drafter and spec + " (stepwise drafter)" not in names:
+            for model in spec_drafters(generator.drafter):
+                model.decoder.takes_whole = lambda batch, width: False
+            name = spec + " (stepwise drafter)"
         elif thresholds.get(spec):
             rows = thresholds[spec].pop(0)
             generator.decode = with_rows(generator.decode, rows)
