@@ -148,6 +148,32 @@ def test_fused_drafting_equals_layer_by_layer_with_ragged_growth(learned_pos, no
         torch.testing.assert_close(logits, draft_from_scratch(drafter, encoder_out, tokens, lengths), rtol=0, atol=1e-5)
 
 
+@pytest.mark.needs_gemv
+def test_query_limits_layer_by_layer_equal_the_fused_layers():
+    """``DecodingDecoder.block_states`` with ``limits`` (each query sees the cache up to its own
+    limit, past its own position where the limit says so): the fused C++ layers and the layers
+    one by one (the mask built from the limits) give the same states and write the same keys."""
+    drafter, verifier, dictionary = tiny_drafter()
+    decoder = SpecDrafter(drafter, "gemv").decoder
+    gen = torch.Generator().manual_seed(9)
+    _, _, encoder_out = encoded_source(verifier, dictionary, gen, 2)
+    cross, cross_bias = decoder.cross_keys(encoder_out["encoder_out"][0].transpose(0, 1),
+                                           ~encoder_out["encoder_padding_mask"][0])
+    index = torch.tensor([[3, 4, 5, 6], [1, 2, 3, 4]])
+    limits = torch.tensor([[3, 6, 6, 6], [1, 4, 4, 4]])  # a prefix token, then three slots seeing each other
+    x = torch.randn(2, 4, drafter.decoder.embed_dim, generator=gen)
+    kv = [torch.randn(2, 2 * decoder.heads, 9, decoder.head_dim, generator=gen) for _ in decoder.layers]
+    fused_kv = [t.clone() for t in kv]
+    fused = decoder.block_states(x, fused_kv, index, 7, None, cross, cross_bias, limits=limits)
+    decoder.takes_whole = lambda batch, width: False
+    stepwise = decoder.block_states(x, kv, index, 7, None, cross, cross_bias, limits=limits)
+    torch.testing.assert_close(fused, stepwise, rtol=0, atol=1e-5)
+    for a, b in zip(fused_kv, kv):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    causal = decoder.block_states(x, [t.clone() for t in kv], index, 7, None, cross, cross_bias)
+    assert not torch.allclose(causal[:, 1:3], stepwise[:, 1:3], atol=1e-4)  # the limits were heeded
+
+
 def test_a_grown_cache_drafts_as_a_large_one():
     drafter, verifier, dictionary = tiny_drafter()
     drafting = SpecDrafter(drafter)

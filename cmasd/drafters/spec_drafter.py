@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from cmasd.layers.prepared import DecodingDecoder, additive_mask
@@ -132,6 +133,8 @@ class SpecDrafter(ModelDrafter):
         self.max_horizon = self.block
         self.padding_idx = model.decoder.padding_idx
         self.uses_own_encoder = model.uses_own_encoder
+        self.slot_table = None  # the slots' inputs by position, made by the first fused pass
+        self.offsets = torch.arange(self.block_size, device=model.decoder.output_projection.weight.device)
 
     @staticmethod
     def horizon_limit(model: SpecDrafterModel) -> Optional[int]:
@@ -280,18 +283,18 @@ class SpecDrafter(ModelDrafter):
         attention reads their keys from the cache, not from the pass)."""
         bsz, most_new = new_tokens.shape
         device = new_tokens.device
-        capacity = state.capacity
-        slot_index = lengths[:, None] + torch.arange(block, device=device)  # (B, K)
         embedding = self.embedding
-        x = torch.cat([self.decoder.embed(new_tokens, embedding.positions(index)),  # (B, N, C)
-                       embedding.slot_inputs(embedding.positions(slot_index))], dim=1)  # (B, N + K, C)
-        used = seen + block
+        if self.slot_table is None:  # a slot's input at each fairseq position, made once
+            self.slot_table = embedding.slot_inputs(torch.arange(embedding.last_position + 1, device=device)[None])[0]
+        slot_index = lengths[:, None] + self.offsets[:block]  # (B, K)
+        x = torch.cat([self.decoder.embed_from(new_tokens, state.cached, self.padding_idx + 1, embedding.last_position),
+                       F.embedding(embedding.positions(slot_index), self.slot_table)], dim=1)  # (B, N + K, C)
         # what each query sees: a prefix token the cache up to its own position, a slot its row's
         # prefix and every slot of its row (the positions up to its row's last slot)
-        limit = torch.cat([index, (lengths + (block - 1))[:, None].expand(bsz, block)], dim=1)  # (B, N + K)
-        bias = additive_mask((torch.arange(used, device=device)[None, None, :] <= limit[:, :, None])[:, None], x)
-        write_at = torch.cat([torch.where(fresh, index, torch.full_like(index, capacity)), slot_index], dim=1)
-        states = self.decoder.block_states(x, state.kv, write_at, used, bias, state.cross, state.cross_bias)
+        limits = torch.cat([index, (slot_index[:, -1:]).expand(bsz, block)], dim=1)  # (B, N + K)
+        write_at = torch.cat([index.masked_fill(~fresh, state.capacity), slot_index], dim=1)  # padding -> scratch
+        states = self.decoder.block_states(x, state.kv, write_at, seen + block, None, state.cross, state.cross_bias,
+                                           limits=limits)
         return self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V or N)
 
     def block_logits(self, kv: List[Tensor], cross: List[Tuple[Tensor, Tensor]], cross_bias: Optional[Tensor],

@@ -180,13 +180,15 @@ class DecodingDecoder:
         first: int = 0,
         last: Optional[int] = None,
         ragged: Optional[Ragged] = None,
+        limits: Optional[Tensor] = None,
     ) -> Tensor:
         """Layers ``first`` .. ``last`` - 1 (default: all) over a block x (B, T, C) at sequence
         positions ``index`` (B, T) int64 (or the scatter index (B, 2H, T, d) of ``index``
         expanded): its new keys and values go into each layer's cache ``kv`` (B, 2H, capacity,
         d) at those positions, and its queries see cache positions < ``used``: through
-        ``self_bias`` (B, 1, T, used) where given, else causally (each the positions up to its
-        own). All layers in one C++ call where the gemv kernels' fused layers take a block this
+        ``self_bias`` (B, 1, T, used) where given, else those up to ``limits`` (B, T) int64
+        where given (a Spec-Drafter's slots see their row's every slot), else causally (each
+        the positions up to its own). All layers in one C++ call where the gemv kernels' fused layers take a block this
         small (the causal rule applied there: no mask to build), else layer by layer. With
         ``ragged`` (layer by layer only), x and the result are the counting positions packed
         (N, C)."""
@@ -194,7 +196,8 @@ class DecodingDecoder:
         fused = self.fused_range(first, last)
         if ragged is None and fused is not None and self.takes_whole(x.size(0), x.size(1)):
             return fused.states(x, kv[first:last], index, used, self_bias, [k for k, _ in cross[first:last]],
-                                [v for _, v in cross[first:last]], cross_bias, self_bias is None)
+                                [v for _, v in cross[first:last]], cross_bias, self_bias is None and limits is None,
+                                None if self_bias is not None else limits)
         heads = self.heads
         if index.dim() == 4:
             where, index = index, index[:, 0, :, 0]
@@ -202,7 +205,8 @@ class DecodingDecoder:
             where = index[:, None, :, None].expand(index.size(0), 2 * heads, index.size(1), self.head_dim)
         if self_bias is None:
             key_pos = torch.arange(used, device=index.device)
-            self_bias = additive_mask((key_pos[None, None, :] <= index[:, :, None])[:, None], x)  # (B, 1, T, used)
+            limits = index if limits is None else limits
+            self_bias = additive_mask((key_pos[None, None, :] <= limits[:, :, None])[:, None], x)  # (B, 1, T, used)
 
         def self_keys(layer: int, kv_new: Tensor):
             cache = kv[layer]  # (B, 2H, capacity, d)

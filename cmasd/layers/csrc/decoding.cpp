@@ -806,13 +806,15 @@ class FusedDecoder {
   // T, d) of the new keys/values, whose [b, 0, t, 0] it reads): the block's new keys and
   // values go into each layer's cache (B, 2H, capacity, d) at those positions. The queries
   // see cache positions < used, masked by self_bias (broadcastable to (B, 1, T, used); none:
-  // all) and, with ``causal``, only those <= their own position. cross: per layer encoder
-  // keys and values (B, H, S, d), cross_bias (broadcastable to (B, 1, 1, S)). Returns
-  // (B, T, C).
+  // all) and, with ``causal``, only those <= their own position; or, with ``limits`` (B, T)
+  // int64, only those <= the query's limit (the Spec-Drafter's slots see every slot of their
+  // row, past their own position). cross: per layer encoder keys and values (B, H, S, d),
+  // cross_bias (broadcastable to (B, 1, 1, S)). Returns (B, T, C).
   at::Tensor states(const at::Tensor& x, const std::vector<at::Tensor>& kv, const at::Tensor& index,
                        int64_t used, const c10::optional<at::Tensor>& self_bias,
                        const std::vector<at::Tensor>& cross_k, const std::vector<at::Tensor>& cross_v,
-                       const c10::optional<at::Tensor>& cross_bias, bool causal) {
+                       const c10::optional<at::Tensor>& cross_bias, bool causal,
+                       const c10::optional<at::Tensor>& limits) {
     const size_t n_layers = layers_.size();
     TORCH_CHECK(kv.size() == n_layers && cross_k.size() == n_layers && cross_v.size() == n_layers,
                 "FusedDecoder.states: one cache and one encoder key/value pair per layer");
@@ -852,6 +854,17 @@ class FusedDecoder {
     TORCH_CHECK(lowest >= 0 && used >= 1, "FusedDecoder.states: positions >= 0, used >= 1");
     const Mask self_mask = mask_of(self_bias, B, T, used, "self_bias");
     const int64_t* limit = causal ? positions_.data() : nullptr;
+    if (limits.has_value() && limits->defined()) {
+      const at::Tensor& l = *limits;
+      TORCH_CHECK(!causal && l.scalar_type() == at::kLong && !l.is_cuda() && l.dim() == 2 && l.size(0) == B &&
+                  l.size(1) == T, "FusedDecoder.states: limits (B, T) int64 on the CPU, and not causal");
+      limits_.resize(R);
+      const int64_t* lp = l.data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < T; ++t) limits_[b * T + t] = lp[b * l.stride(0) + t * l.stride(1)];
+      }
+      limit = limits_.data();
+    }
 
     // the workspace: h (R, C) the sublayers' input (pre-norm), qkv (R, 3C), att (R, C), sub (R, C)
     // the sublayers' output, cq (R, C), ff (R, F), scores (the most keys)
@@ -995,6 +1008,7 @@ class FusedDecoder {
   int64_t steps_size_ = 0;
   std::vector<float> work_;          // the workspace of states, grown as needed
   std::vector<int64_t> positions_;   // the block's positions (B T)
+  std::vector<int64_t> limits_;      // the queries' last visible positions (B T), where given
 };
 
 // embed_rows: a decoder's plain input, fairseq's arithmetic in its order: each token's row of
@@ -1199,6 +1213,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &FusedDecoder::add_layer)
       .def("states", &FusedDecoder::states, pybind11::arg("x"), pybind11::arg("kv"), pybind11::arg("index"),
            pybind11::arg("used"), pybind11::arg("self_bias"), pybind11::arg("cross_k"), pybind11::arg("cross_v"),
-           pybind11::arg("cross_bias"), pybind11::arg("causal") = false,
+           pybind11::arg("cross_bias"), pybind11::arg("causal") = false, pybind11::arg("limits") = pybind11::none(),
            "the layers over x (B, T, C) at positions index (B, T); see decoding.cpp");
 }
