@@ -9,8 +9,8 @@ Its cache holds the prefix keys and values, append-only: a row's tokens are fed 
 nothing is ever rolled back (the slots are recomputed every pass). Where the pass runs in the
 fused C++ layers (gemv or bf16 kernels, a block they take whole) the slots' keys and values are
 written past the prefix as well, where the next pass's tokens overwrite them; no query but the
-row's own slots sees them. It is built at the batch's first draft (``Pending`` until then): a batch whose rows
-never draft computes none of its encoder keys. Decoding runs a copy of the decoder's
+row's own slots sees them. It is built at the batch's first draft (``Pending`` until then): a
+batch whose rows never draft computes none of its encoder keys. Decoding runs a copy of the decoder's
 weights prepared once (``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv,
 int8 or bf16 kernels). With ``--spec-draft-shortlist N`` the pass projects its slots onto
 the N most frequent pieces only (``cmasd.drafters.shortlist``): the drafts are among them,
@@ -278,8 +278,9 @@ class SpecDrafter(ModelDrafter):
         for a block they take whole. The slots' keys and values go into the cache too, at the
         positions after each row's prefix (``lengths`` ..), which the next pass overwrites with
         the tokens accepted there: the cache keeps room for them (``state`` grown by the
-        caller), and what lies past a row's prefix is never seen but by its own slots, through
-        the mask. The same arithmetic as ``block_logits`` to float tolerance (the slots'
+        caller), and what lies past a row's prefix is never seen but by its own slots: each
+        query sees the cache up to its limit (a prefix token its own position, a slot its row's
+        last slot). The same arithmetic as ``block_logits`` to float tolerance (the slots'
         attention reads their keys from the cache, not from the pass)."""
         bsz, most_new = new_tokens.shape
         device = new_tokens.device
@@ -291,7 +292,7 @@ class SpecDrafter(ModelDrafter):
                        F.embedding(embedding.positions(slot_index), self.slot_table)], dim=1)  # (B, N + K, C)
         # what each query sees: a prefix token the cache up to its own position, a slot its row's
         # prefix and every slot of its row (the positions up to its row's last slot)
-        limits = torch.cat([index, (slot_index[:, -1:]).expand(bsz, block)], dim=1)  # (B, N + K)
+        limits = torch.cat([index, slot_index[:, -1:].expand(bsz, block)], dim=1)  # (B, N + K)
         write_at = torch.cat([index.masked_fill(~fresh, state.capacity), slot_index], dim=1)  # padding -> scratch
         states = self.decoder.block_states(x, state.kv, write_at, seen + block, None, state.cross, state.cross_bias,
                                            limits=limits)

@@ -188,8 +188,9 @@ class DecodingDecoder:
         d) at those positions, and its queries see cache positions < ``used``: through
         ``self_bias`` (B, 1, T, used) where given, else those up to ``limits`` (B, T) int64
         where given (a Spec-Drafter's slots see their row's every slot), else causally (each
-        the positions up to its own). All layers in one C++ call where the gemv kernels' fused layers take a block this
-        small (the causal rule applied there: no mask to build), else layer by layer. With
+        the positions up to its own). All layers in one C++ call where the gemv kernels' fused
+        layers take a block this small (the causal rule or the limits applied there: no mask to
+        build), else layer by layer. With
         ``ragged`` (layer by layer only), x and the result are the counting positions packed
         (N, C)."""
         last = len(self.layers) if last is None else last
