@@ -10,9 +10,9 @@ nothing is ever rolled back (the slots are recomputed every pass). Where the pas
 fused C++ layers (gemv or bf16 kernels, a block they take whole) the slots' keys and values are
 written past the prefix as well, where the next pass's tokens overwrite them; no query but the
 row's own slots sees them. It is built at the batch's first draft (``Pending`` until then): a
-batch whose rows never draft computes none of its encoder keys. Decoding runs a copy of the decoder's
-weights prepared once (``cmasd.layers.prepared.DecodingDecoder`` on native, packed, gemv,
-int8 or bf16 kernels). With ``--spec-draft-shortlist N`` the pass projects its slots onto
+batch whose rows never draft computes none of its encoder keys. Decoding runs a copy of the
+decoder's weights prepared once (``cmasd.layers.prepared.DecodingDecoder`` on native, packed,
+gemv, int8 or bf16 kernels). With ``--spec-draft-shortlist N`` the pass projects its slots onto
 the N most frequent pieces only (``cmasd.drafters.shortlist``): the drafts are among them,
 their distribution and confidence are the shortlist's.
 """

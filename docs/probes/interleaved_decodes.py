@@ -54,26 +54,13 @@ def wrapped(spent, cls, name):
     setattr(cls, name, timed)
 
 
-def draft_models(drafter):
-    """The autoregressive draft models in ``drafter`` (a lookup's fallbacks included)."""
-    from cmasd.drafters.autoregressive import AutoregressiveDrafter
-
-    if isinstance(drafter, AutoregressiveDrafter):
+def drafters_of(drafter, kind):
+    """The drafters of class ``kind`` in ``drafter`` (a lookup's fallbacks included)."""
+    if isinstance(drafter, kind):
         yield drafter
     for part in (getattr(drafter, "first", None), getattr(drafter, "second", None)):
         if part is not None:
-            yield from draft_models(part)
-
-
-def spec_drafters(drafter):
-    """The Spec-Drafters in ``drafter`` (a lookup's fallbacks included)."""
-    from cmasd.drafters.spec_drafter import SpecDrafter
-
-    if isinstance(drafter, SpecDrafter):
-        yield drafter
-    for part in (getattr(drafter, "first", None), getattr(drafter, "second", None)):
-        if part is not None:
-            yield from spec_drafters(part)
+            yield from drafters_of(part, kind)
 
 
 def with_rows(decode, rows):
@@ -131,6 +118,7 @@ def main():
             ap.error(f"--rule {key}={value}: expected "
                      f"{'an integer' if isinstance(RULE_DEFAULTS[key], int) else 'a number'}")
     from cmasd.drafters.autoregressive import AutoregressiveDrafter
+    from cmasd.drafters.spec_drafter import SpecDrafter
     from cmasd.verification import goodput
 
     spent = collections.defaultdict(float)
@@ -159,14 +147,14 @@ def main():
         generator = loading.build_generator(setup, config, overrides, loading.drafter_paths(args), rules)
         name = spec
         if spec in a.feed_all and spec + " (feed all)" not in names:
-            for model in draft_models(generator.drafter):
+            for model in drafters_of(generator.drafter, AutoregressiveDrafter):
                 model.keeps_fed_drafts = False
             name = spec + " (feed all)"
         elif spec in a.shapes_always and spec + " (shapes always)" not in names:
             generator.controller.idles_next = lambda state: False
             name = spec + " (shapes always)"
         elif spec in a.stepwise_drafter and spec + " (stepwise drafter)" not in names:
-            for model in spec_drafters(generator.drafter):
+            for model in drafters_of(generator.drafter, SpecDrafter):
                 model.decoder.takes_whole = lambda batch, width: False
             name = spec + " (stepwise drafter)"
         elif thresholds.get(spec):

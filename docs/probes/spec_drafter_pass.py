@@ -1,11 +1,13 @@
 """One Spec-Drafter pass as decoding runs it (``SpecDrafter.logits``: the tokens accepted since
 the last pass fed, then the block's slots), in the fused C++ layers and layer by layer on the
-same kernels, interleaved in rounds; and the verifier's pass over the same number of rows for
-scale (``cmasd-bench --calibrate``'s ``verify`` part). Median ms of the rounds' means
-(docs/results/speculation-pays.md, "thirtieth session").
+same kernels, interleaved in rounds. Median ms of the rounds' means
+(docs/results/speculation-pays.md, "thirtieth session"). ``--parts`` then times the fused pass
+alone (2,000 calls) with its two calls into the prepared decoder wrapped: the layers
+(``block_states``) and the final norm and output projection (``logits``); the rest of the pass is
+the whole less both.
 
     .venv/bin/python docs/probes/spec_drafter_pass.py DATA DRAFTER.pt [--configs specdec-k5-exact,...]
-        [--batch-sizes 1,16] [--prefix 12] [--new 2] [--rounds 21] [--calls 50]
+        [--batch-sizes 1,16] [--prefix 12] [--new 2] [--rounds 21] [--calls 50] [--parts]
 """
 
 import argparse
@@ -51,6 +53,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parts", action="store_true", help="also time the fused pass's layers and projection")
     a = parser.parse_args()
     args = argparse.Namespace(data=a.data, path=a.path, drafter_path=a.drafter, ar_drafter_path=None,
                               exit_heads_path=None, blockwise_heads_path=None, source_lang=None, target_lang=None,
@@ -82,8 +85,42 @@ def main():
                             call()
                         times[name].append((time.perf_counter() - t0) / a.calls * 1e3)
                 drafter.decoder.takes_whole = takes_whole
-            parts = ", ".join(f"{name} {statistics.median(t):.3f} ms" for name, t in times.items())
-            print(f"{config.name} rows {bsz} block {block} prefix {a.prefix} new {a.new}: {parts}", flush=True)
+                parts = ", ".join(f"{name} {statistics.median(t):.3f} ms" for name, t in times.items())
+                print(f"{config.name} rows {bsz} block {block} prefix {a.prefix} new {a.new}: {parts}", flush=True)
+                if a.parts:
+                    print(f"  fused, {timed_parts(drafter.decoder, fused)}", flush=True)
+
+
+def timed_parts(decoder, call, calls=2000):
+    """``call`` run ``calls`` times with ``decoder``'s ``block_states`` and ``logits`` wrapped
+    (restored after): ms a call of the whole and of each."""
+    spent = {"block_states": 0.0, "logits": 0.0}
+    originals = {name: getattr(decoder, name) for name in spent}  # bound methods of the class
+
+    def wrapped(name):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            result = originals[name](*args, **kwargs)
+            spent[name] += time.perf_counter() - t0
+            return result
+        return timed
+
+    for name in spent:
+        setattr(decoder, name, wrapped(name))
+    try:
+        for _ in range(50):
+            call()
+        for name in spent:
+            spent[name] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        whole = time.perf_counter() - t0
+    finally:
+        for name in originals:
+            delattr(decoder, name)  # the class's methods again
+    parts = ", ".join(f"{name} {seconds / calls * 1e3:.3f} ms" for name, seconds in spent.items())
+    return f"whole {whole / calls * 1e3:.3f} ms: {parts}"
 
 
 if __name__ == "__main__":
