@@ -115,6 +115,10 @@ class AutoregressiveDrafter(ModelDrafter):
     # them (the behaviour before the drafts fed were kept), for an in-process comparison
     # (docs/probes/interleaved_decodes.py --feed-all)
     keeps_fed_drafts = True
+    # False: greedy drafts step by step in Python even where ``BlockScorer.greedy_steps`` runs
+    # them in one C++ call (the same values), for an in-process comparison
+    # (docs/probes/interleaved_decodes.py --stepwise-greedy)
+    fused_greedy = True
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
                  shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None,
@@ -183,7 +187,8 @@ class AutoregressiveDrafter(ModelDrafter):
     def draft(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, request: DraftRequest) -> Tuple[Draft, ARDrafterState]:
         """Feed each row's tokens past what its cache holds (``ARDrafterState.reusable``),
         then draft ``request.horizon`` tokens one at a time (fewer when every row has
-        drafted a token below ``request.stop_below``). Its shapes (how many tokens to feed,
+        drafted a token below ``request.stop_below``); greedy drafts to the horizon in one C++
+        call where ``BlockScorer.greedy_steps`` runs them, the same values as this loop. Its shapes (how many tokens to feed,
         how far the longest row reaches) come read with the loop's own read
         (``request.shapes``), or where not, one host read here; with ``stop_below`` one read
         after each drafted token but the last (whether every row is unsure)."""
@@ -203,13 +208,28 @@ class AutoregressiveDrafter(ModelDrafter):
         # logits over the vocabulary (V), or over the shortlist's N pieces
         states = self.scorer.states(state.cache, tokens.gather(1, index), start, end=max(longest, fed))  # (B, fed, C)
         if fed == 1:  # at a steady state: each row's last token is the block
-            last = self.scorer.decoder.logits(states)[:, 0]  # (B, V or N)
+            last_states = states  # (B, 1, C)
+        elif self.keeps_fed_drafts:
+            last_states = states[torch.arange(bsz, device=tokens.device), lengths - 1 - start][:, None]  # (B, 1, C)
+        else:  # every fed token projected (the comparison of ``keeps_fed_drafts``)
+            last_states = None
+        if request.sampling is None and request.stop_below is None and last_states is not None and self.fused_greedy:
+            # greedy drafting to the horizon: every step in one C++ call where it runs them
+            greedy = self.scorer.greedy_steps(state.cache, last_states, lengths, longest, request.horizon,
+                                              None if self.shortlist is None else self.shortlist.ids)
+            if greedy is not None:
+                drafted, logits = greedy  # (B, H), (B, H, V or N)
+                logprobs = None
+                if request.logprobs:  # those ``choose`` gives, step by step
+                    logprobs = torch.stack([choose(logits[:, i], request, self.padding_idx, None, self.shortlist)[1]
+                                            for i in range(request.horizon)], dim=1)  # (B, H, V)
+                fed_drafts = drafted[:, : request.horizon - 1] if request.horizon > 1 else None
+                return (model_draft(logits, request, self.padding_idx, (drafted, logprobs)),
+                        replace(state, cached=lengths, fed=fed_drafts))
+        if last_states is not None:
+            last = self.scorer.decoder.logits(last_states)[:, 0]  # (B, V or N)
         else:
-            rows, at = torch.arange(bsz, device=tokens.device), lengths - 1 - start  # (B,) each row's last token
-            if self.keeps_fed_drafts:
-                last = self.scorer.decoder.logits(states[rows, at][:, None])[:, 0]
-            else:
-                last = self.scorer.decoder.logits(states)[rows, at]
+            last = self.scorer.decoder.logits(states)[torch.arange(bsz, device=tokens.device), lengths - 1 - start]
         uniforms = request.uniforms()  # (B, H) or None
         steps, drafted, dists = [], [], []
         unsure = torch.zeros(bsz, dtype=torch.bool, device=tokens.device)  # (B,) drafted a token below stop_below

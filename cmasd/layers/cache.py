@@ -181,6 +181,29 @@ class BlockScorer:
         states, ragged = self.ragged_states(cache, tokens, start, valid, lower, end)
         return states, self.decoder.logits(states), ragged
 
+    def greedy_steps(self, cache: VerifierCache, last: Tensor, lengths: Tensor, longest: int, steps: int,
+                     ids: Optional[Tensor] = None) -> Optional[Tuple[Tensor, Tensor]]:
+        """A draft model's greedy steps in one C++ call (``FusedDecoder.greedy``), or None where
+        it does not run them (the caller then loops over ``score``). ``last`` (B, 1, C): each
+        row's states at its last token (index ``lengths - 1``); step i drafts the argmax of the
+        logits after the token before it (mapped through a shortlist's vocabulary ``ids`` (N,)
+        where given), having fed step i - 1's token at index ``lengths + i - 1`` (attending up to
+        ``longest + i``). Returns the tokens (B, steps) and the logits (B, steps, V or N): the
+        values of ``score`` called step by step, as ``AutoregressiveDrafter.draft`` did."""
+        dec = self.decoder
+        tables = dec.input_tables
+        if last.device.type != "cpu" or last.dtype != torch.float32 or tables is None or tables[0].dtype != torch.float32:
+            return None
+        head = dec.fused_head(last.size(0))
+        if head is None or longest + steps - 1 > cache.capacity:
+            return None
+        norm_weight, norm_bias, eps, panels, bias = head
+        tokens, logits = dec.fused.greedy(
+            last, steps, lengths, longest, cache.kv, [k for k, _ in cache.cross], [v for _, v in cache.cross],
+            cache.cross_bias, tables[0], tables[1], float(dec.decoder.embed_scale), self.padding_idx + 1,
+            self.last_position, norm_weight, norm_bias, eps, panels, bias, ids)
+        return tokens, logits
+
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:
         """The decoder's input for ``tokens`` (B, n) at positions ``start`` (B,) onwards: (B, n, C)."""
         return self.decoder.embed_from(tokens, start, self.padding_idx + 1, self.last_position)

@@ -232,6 +232,27 @@ class DecodingDecoder:
             self.fused_ranges[first, last] = fused_layers(self.layers[first:last])
         return self.fused_ranges[first, last]
 
+    def fused_head(self, rows: int) -> Optional[Tuple[Optional[Tensor], Optional[Tensor], float, Tensor, Tensor]]:
+        """``logits``'s parts as ``FusedDecoder.greedy`` takes them for ``rows`` rows of one
+        position (the final norm's weight, bias and eps, where it has one; the output
+        projection's panels and bias), or None where it cannot run them as ``logits`` does:
+        not the fused layers, a projection before the head, a norm other than torch's, an
+        output projection not on panels or too many rows for them (their gemv limit)."""
+        from cmasd.layers.kernels import GEMV_MAX_ROWS, Bf16Linear, GemvLinear
+
+        norm, output = self.layer_norm, self.output
+        if self.fused is None or self.project_out is not None or rows > GEMV_MAX_ROWS or not self.takes_whole(rows, 1):
+            return None
+        if not isinstance(output, (GemvLinear, Bf16Linear)):
+            return None
+        if norm is None:
+            return None, None, 0.0, output.panels, output.gemv_bias
+        if type(norm) is not torch.nn.LayerNorm or len(norm.normalized_shape) != 1:
+            return None
+        weight = None if norm.weight is None else norm.weight.detach()
+        bias = None if norm.bias is None else norm.bias.detach()
+        return weight, bias, norm.eps, output.panels, output.gemv_bias
+
     def logits(self, x: Tensor) -> Tensor:
         """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""
         if self.layer_norm is not None:

@@ -14,7 +14,9 @@ configuration may be given twice, once plain and once with it; `--shapes-always 
 computes the drafter's shapes after idle iterations too (`Controller.idles_next` off: the
 behaviour before 2026-11-29's tenth session); `--stepwise-drafter CONFIG` runs that
 configuration's Spec-Drafter passes layer by layer, never in the fused C++ layers (the behaviour
-before 2026-12-07's thirtieth session); `--rows CONFIG=N` decodes that configuration with
+before 2026-12-07's thirtieth session); `--stepwise-greedy CONFIG` drafts that configuration's
+greedy draft-model steps one `score` call at a time from Python, never in one C++ call
+(`AutoregressiveDrafter.fused_greedy` off: the behaviour before the thirty-first session); `--rows CONFIG=N` decodes that configuration with
 `GEMV_MAX_ROWS` and `FUSED_MAX_ROWS` at N (the rows up to which a linear layer runs on the panel
 kernel, and a pass in the fused C++ layers; 64: the limits before 2026-12-07; set around each of
 its decodes, so the same configuration may be given at two thresholds,
@@ -99,6 +101,8 @@ def main():
                     help="a configuration given, to run with the drafter's shapes computed after idle iterations too")
     ap.add_argument("--stepwise-drafter", action="append", default=[],
                     help="a configuration given, to run with its Spec-Drafter's passes layer by layer")
+    ap.add_argument("--stepwise-greedy", action="append", default=[],
+                    help="a configuration given, to run with its draft model's greedy steps looped in Python")
     ap.add_argument("--rows", action="append", default=[],
                     help="CONFIG=N: that configuration decodes with GEMV_MAX_ROWS and FUSED_MAX_ROWS at N "
                          "(once per time it is given)")
@@ -157,6 +161,10 @@ def main():
             for model in drafters_of(generator.drafter, SpecDrafter):
                 model.decoder.takes_whole = lambda batch, width: False
             name = spec + " (stepwise drafter)"
+        elif spec in a.stepwise_greedy and spec + " (stepwise greedy)" not in names:
+            for model in drafters_of(generator.drafter, AutoregressiveDrafter):
+                model.fused_greedy = False
+            name = spec + " (stepwise greedy)"
         elif thresholds.get(spec):
             rows = thresholds[spec].pop(0)
             generator.decode = with_rows(generator.decode, rows)

@@ -37,6 +37,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/utils/pybind.h>
@@ -763,6 +765,10 @@ static void gelu_in_place(float* x, int64_t n) {
 
 }  // namespace
 
+at::Tensor embed_rows(at::Tensor tokens, at::Tensor start, at::Tensor token_table,
+                      c10::optional<at::Tensor> position_table, double scale, int64_t offset, int64_t last);
+at::Tensor panel_linear(at::Tensor x, at::Tensor panels, at::Tensor bias, bool relu);
+
 class FusedDecoder {
  public:
   FusedDecoder(int64_t heads, bool normalize_before) : heads_(heads), normalize_before_(normalize_before) {
@@ -978,6 +984,53 @@ class FusedDecoder {
       });
     }
     return result;
+  }
+
+  // A draft model's greedy steps after its feed, one call in place of a Python loop of
+  // about ten operator calls a step. From ``last`` (B, 1, C), each row's state after the layers
+  // at its last token, ``steps`` times: the head (the decoder's final layer norm where
+  // ``norm_weight`` is given, at::layer_norm as torch.nn.LayerNorm runs it; the output
+  // projection on its panels) gives each row's logits (B, 1, N); their argmax (at::argmax,
+  // torch's choice among equals), read through ``ids`` (N,) where given (a shortlist's
+  // vocabulary ids), is step i's token; before every step but the first, the last token's
+  // input (embed_rows: sequence index lengths + i - 1, fairseq position that + ``offset``, at
+  // most ``last_position``) runs through the layers there (``states``, causal), seeing cache
+  // positions < longest + i, its keys and values written into the cache. The same calls on the
+  // same shapes as the Python loop it replaces (AutoregressiveDrafter.draft), so the same
+  // values. Returns the tokens (B, steps) int64 and the logits (B, steps, N).
+  std::vector<at::Tensor> greedy(const at::Tensor& last, int64_t steps, const at::Tensor& lengths, int64_t longest,
+                                 const std::vector<at::Tensor>& kv, const std::vector<at::Tensor>& cross_k,
+                                 const std::vector<at::Tensor>& cross_v, const c10::optional<at::Tensor>& cross_bias,
+                                 const at::Tensor& token_table, const c10::optional<at::Tensor>& position_table,
+                                 double scale, int64_t offset, int64_t last_position,
+                                 const c10::optional<at::Tensor>& norm_weight,
+                                 const c10::optional<at::Tensor>& norm_bias, double eps, const at::Tensor& panels,
+                                 const at::Tensor& bias, const c10::optional<at::Tensor>& ids) {
+    TORCH_CHECK(last.dim() == 3 && last.size(1) == 1 && last.scalar_type() == at::kFloat && !last.is_cuda(),
+                "FusedDecoder.greedy: last (B, 1, C) float32 on the CPU");
+    TORCH_CHECK(steps >= 1, "FusedDecoder.greedy: steps >= 1");
+    const int64_t B = last.size(0);
+    TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B && lengths.scalar_type() == at::kLong && !lengths.is_cuda(),
+                "FusedDecoder.greedy: lengths (B,) int64 on the CPU");
+    const bool normed = norm_weight.has_value() && norm_weight->defined();
+    const bool mapped = ids.has_value() && ids->defined();
+    std::vector<at::Tensor> tokens, logits;
+    tokens.reserve(steps), logits.reserve(steps);
+    at::Tensor x = last;
+    for (int64_t i = 0; i < steps; ++i) {
+      if (i > 0) {  // the last token through the layers at sequence index lengths + i - 1
+        const at::Tensor start = lengths.add(i - 1);  // (B,)
+        const at::Tensor input = embed_rows(tokens.back().unsqueeze(1), start, token_table,
+                                            position_table, scale, offset, last_position);  // (B, 1, C)
+        x = states(input, kv, start.unsqueeze(1), longest + i, c10::nullopt, cross_k, cross_v, cross_bias, true, c10::nullopt);
+      }
+      const at::Tensor h = normed ? at::layer_norm(x, {x.size(2)}, norm_weight, norm_bias, eps) : x;
+      const at::Tensor step = panel_linear(h, panels, bias, false).select(1, 0);  // (B, N)
+      const at::Tensor best = step.argmax(-1);  // (B,)
+      tokens.push_back(mapped ? ids->index_select(0, best) : best);
+      logits.push_back(step);
+    }
+    return {at::stack(tokens, 1), at::stack(logits, 1)};
   }
 
  private:
@@ -1214,5 +1267,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("states", &FusedDecoder::states, pybind11::arg("x"), pybind11::arg("kv"), pybind11::arg("index"),
            pybind11::arg("used"), pybind11::arg("self_bias"), pybind11::arg("cross_k"), pybind11::arg("cross_v"),
            pybind11::arg("cross_bias"), pybind11::arg("causal") = false, pybind11::arg("limits") = pybind11::none(),
-           "the layers over x (B, T, C) at positions index (B, T); see decoding.cpp");
+           "the layers over x (B, T, C) at positions index (B, T); see decoding.cpp")
+      .def("greedy", &FusedDecoder::greedy, pybind11::arg("last"), pybind11::arg("steps"), pybind11::arg("lengths"),
+           pybind11::arg("longest"), pybind11::arg("kv"), pybind11::arg("cross_k"), pybind11::arg("cross_v"),
+           pybind11::arg("cross_bias"), pybind11::arg("token_table"), pybind11::arg("position_table"),
+           pybind11::arg("scale"), pybind11::arg("offset"), pybind11::arg("last_position"),
+           pybind11::arg("norm_weight"), pybind11::arg("norm_bias"), pybind11::arg("eps"), pybind11::arg("panels"),
+           pybind11::arg("bias"), pybind11::arg("ids"),
+           "a draft model's greedy steps from its last states (B, 1, C): (tokens (B, steps), logits (B, steps, N))");
 }

@@ -1,0 +1,120 @@
+"""A draft model's greedy steps in one C++ call (``BlockScorer.greedy_steps``,
+``FusedDecoder.greedy``): the same drafts, confidences, distributions and cache as the Python
+loop of ``score`` calls it replaces, bit for bit, on gemv and bf16 kernels, with and without a
+shortlist, post-norm and pre-norm decoders (the latter's final layer norm in the head),
+sinusoidal and learned positions, ragged rows at batch 1 and 7; and the requests it leaves
+to that loop (sampling, stopping early, kernels without panels)."""
+
+import pytest
+import torch
+from helpers import encoded_source, sequences, tiny_dictionary, tiny_task, tiny_verifier_args
+
+from cmasd.drafters.autoregressive import AutoregressiveDrafter
+from cmasd.drafters.base import DraftRequest, Source
+from cmasd.drafters.shortlist import MIN_SHORTLIST, Shortlist
+from cmasd.layers.cache import BlockScorer
+from cmasd.layers.kernels import packing_available
+from cmasd.verification.confidence import ConfidenceSpec
+from cmasd.verification.sampling import RowRandom, Sampling
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="the C++ kernels are unavailable")
+
+HORIZON = 4
+CAPACITY = 24
+
+
+def models(normalize_before, learned_pos):
+    """A tiny verifier (its encoder output is the source's) and a 1-layer draft model of its
+    dictionary, both random, in eval mode."""
+    from fairseq.models.transformer import TransformerModel
+
+    torch.manual_seed(5)
+    dictionary = tiny_dictionary()
+    verifier = TransformerModel.build_model(tiny_verifier_args(), tiny_task(dictionary)).eval()
+    args = tiny_verifier_args(learned_pos, normalize_before)
+    args.decoder_layers = 1
+    return verifier, TransformerModel.build_model(args, tiny_task(dictionary)).eval(), dictionary
+
+
+def two_drafts(drafter, source, tokens, lengths, request, fused):
+    """Two draft calls as decoding makes them (the first feeds every row's prefix, the second
+    the tokens accepted since), with the C++ steps or without: the drafts and the final
+    cache's tensors."""
+    drafter.fused_greedy = fused
+    with torch.no_grad():
+        first, state = drafter.draft(drafter.start(source, CAPACITY), tokens, lengths, request)
+        # rows accept 0 .. HORIZON of their drafts, then the verifier's token
+        accepted = torch.arange(len(lengths)) % (HORIZON + 1)
+        grown = tokens.clone()
+        for row, (n, k) in enumerate(zip(lengths.tolist(), accepted.tolist())):
+            grown[row, n: n + k] = first.tokens[row, :k]
+        second, state = drafter.draft(state, grown, lengths + accepted + 1, request)
+    return first, second, [kv.clone() for kv in state.cache.kv], state.fed
+
+
+def case(normalize_before, learned_pos, kernels, shortlisted, bsz):
+    verifier, model, dictionary = models(normalize_before, learned_pos)
+    gen = torch.Generator().manual_seed(bsz)
+    src, src_lengths, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    source = Source(src, src_lengths, encoder_out)
+    tokens = sequences(dictionary, gen, bsz, CAPACITY)
+    lengths = torch.tensor([6, 3, 9, 1, 7, 4, 8])[:bsz]
+    shortlist = None
+    if shortlisted:  # eos and pieces past the first ones (a map that is not the identity)
+        ids = [dictionary.eos(), *range(len(dictionary) - MIN_SHORTLIST + 1, len(dictionary))]
+        shortlist = Shortlist(torch.tensor(ids), len(dictionary))
+    drafter = AutoregressiveDrafter(model, kernels, True, shortlist)
+    return drafter, source, tokens, lengths
+
+
+@pytest.mark.parametrize("normalize_before,learned_pos", [(False, False), (True, True)], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("kernels", ["gemv", "bf16"])
+@pytest.mark.parametrize("shortlisted", [False, True], ids=["vocabulary", "shortlist"])
+@pytest.mark.parametrize("bsz", [1, 7])
+def test_greedy_steps_in_one_call_draft_as_the_python_loop(normalize_before, learned_pos, kernels, shortlisted, bsz):
+    drafter, source, tokens, lengths = case(normalize_before, learned_pos, kernels, shortlisted, bsz)
+    calls = []
+    steps = drafter.scorer.greedy_steps
+    drafter.scorer.greedy_steps = lambda *args: calls.append(steps(*args)) or calls[-1]
+    request = DraftRequest(HORIZON, ConfidenceSpec(), logprobs=True)
+    fused = two_drafts(drafter, source, tokens, lengths, request, True)
+    assert len(calls) == 2 and all(call is not None for call in calls)  # both calls ran in C++
+    looped = two_drafts(drafter, source, tokens, lengths, request, False)
+    assert len(calls) == 2
+    for got, expected in zip(fused[:2], looped[:2]):
+        assert torch.equal(got.tokens, expected.tokens)
+        assert torch.equal(got.confidence, expected.confidence)  # computed from the same logits
+        assert torch.equal(got.logprobs, expected.logprobs)
+        assert got.valid is None and expected.valid is None
+    for got, expected in zip(fused[2], looped[2]):  # every draft's keys and values, where the loop wrote them
+        assert torch.equal(got, expected)
+    assert torch.equal(fused[3], looped[3])  # the drafts fed, kept where rows accept them
+    drafts = torch.cat([fused[0].tokens, fused[1].tokens])
+    if shortlisted:
+        assert torch.isin(drafts, drafter.shortlist.ids).all()
+    # every step fed its token and moved on: no two steps' distributions alike
+    logprobs = fused[0].logprobs
+    assert all(not torch.equal(logprobs[:, i], logprobs[:, i + 1]) for i in range(HORIZON - 1))
+
+
+@pytest.mark.parametrize("request_of", [
+    lambda bsz: DraftRequest(HORIZON, stop_below=0.5),
+    lambda bsz: DraftRequest(HORIZON, sampling=Sampling(), random=RowRandom.of(3, torch.arange(bsz),
+                                                                               torch.zeros(bsz, dtype=torch.long),
+                                                                               HORIZON + 1)),
+], ids=["stop-below", "sampling"])
+def test_sampling_and_early_stops_stay_in_the_python_loop(request_of):
+    drafter, source, tokens, lengths = case(False, False, "gemv", False, 3)
+    called = []
+    drafter.scorer.greedy_steps = lambda *args: called.append(1)
+    with torch.no_grad():
+        drafter.draft(drafter.start(source, CAPACITY), tokens, lengths, request_of(3))
+    assert not called
+
+
+def test_kernels_without_panels_take_no_steps_in_cplusplus():
+    _, model, _ = models(False, False)
+    scorer = BlockScorer(model.decoder, "native")
+    assert scorer.greedy_steps(None, torch.zeros(1, 1, 16), torch.tensor([3]), 3, HORIZON) is None
+    gemv = BlockScorer(model.decoder, "gemv").decoder
+    assert gemv.fused_head(1) is not None and gemv.fused_head(129) is None  # the projection's gemv rows
