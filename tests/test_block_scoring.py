@@ -328,6 +328,8 @@ def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
             expected = model.encoder.forward_torchscript(net_input)
             encode = encoder_of(model.encoder, kernels)
             assert isinstance(encode, DecodingEncoder)
+            # gemv and bf16 kernels: every layer in one C++ call (the fused layers), others layer by layer
+            assert (encode.fused is not None and encode.takes_whole(3, 9)) == (kernels in ("gemv", "bf16"))
             got = encode(net_input)
         assert set(got) == set(expected)
         real = ~expected["encoder_padding_mask"][0].t()[..., None]  # (S, B, 1): padded positions are not read

@@ -330,6 +330,16 @@ class DecodingEncoder:
     def __init__(self, encoder, kernels: str):
         self.encoder = encoder
         self.layers = [EncodingLayer(layer, kernels) for layer in encoder.layers]
+        # gemv or bf16 kernels: the layers also as one C++ call (``FusedDecoder``: a layer without
+        # encoder attention, its self-attention over the whole source, no causal rule), for the
+        # batches ``takes_whole`` says
+        float32 = next(encoder.parameters()).dtype == torch.float32
+        self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
+
+    def takes_whole(self, batch: int, length: int) -> bool:
+        """Whether a batch of ``batch`` sources of ``length`` tokens runs in the fused C++ call
+        (the decoder's limits: ``DecodingDecoder.takes_whole``)."""
+        return self.fused is not None and length <= FUSED_MAX_WIDTH and batch * length <= FUSED_MAX_ROWS
 
     @staticmethod
     def supports(encoder) -> bool:
@@ -356,8 +366,12 @@ class DecodingEncoder:
         if has_pads:
             x = x * (1 - padding.unsqueeze(-1).type_as(x))
             bias = additive_mask(~padding[:, None, None, :], x)  # (B, 1, 1, S)
-        for layer in self.layers:
-            x = layer(x, bias)
+        bsz, length = src_tokens.shape
+        if self.takes_whole(bsz, length) and x.dtype == torch.float32 and x.device.type == "cpu":
+            x = self.fused_states(x, bias)
+        else:
+            for layer in self.layers:
+                x = layer(x, bias)
         if enc.layer_norm is not None:
             x = enc.layer_norm(x)
         lengths = src_tokens.ne(enc.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
@@ -370,6 +384,19 @@ class DecodingEncoder:
             "src_tokens": [],
             "src_lengths": [lengths],
         }
+
+
+    def fused_states(self, x: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """Every layer over x (B, S, C) in one call of the fused C++ layers: each position's
+        keys and values written into a scratch cache at its own index, every query seeing all
+        of them but the padded ones (``bias`` (B, 1, 1, S), None: no padding). The arithmetic
+        of ``EncodingLayer`` to float tolerance."""
+        bsz, length, dim = x.shape
+        heads = self.layers[0].heads
+        scratch = x.new_empty(len(self.layers), bsz, 2 * heads, length, dim // heads)  # (L, B, 2H, S, d)
+        index = torch.arange(length, device=x.device).expand(bsz, length)  # (B, S)
+        none = [x.new_empty(0)] * len(self.layers)  # no encoder attention
+        return self.fused.states(x, list(scratch), index, length, bias, none, none, None, False, None)
 
 
 def encoder_of(encoder, kernels: str):
