@@ -27,7 +27,9 @@ stopped (paths relative to the repository root):
               its whole batch for 200 steps) -> data-bin/demo-multi30k-distill
   4 drafter   data-prep/train-drafter.sh on the distilled data, time-bounded, with a
               schedule for short runs (--lr 1e-3 --warmup-updates 100 --drafter-cuts 2:
-              the recipe's 1,000 warm-up updates are about an hour on 2 CPU cores)
+              the recipe's 1,000 warm-up updates are about an hour on 2 CPU cores) and,
+              in the short profile, a block of 8 mask slots (--block-size 8: the most its
+              rows send; the full profile keeps the paper's 25 for its k = 10 and 25 rows)
               -> checkpoints/demo/drafter/checkpoint_best.pt
   5 draft-model
               data-prep/train-ar-drafter.sh on the distilled data, time-bounded: the
@@ -43,10 +45,10 @@ stopped (paths relative to the repository root):
 Profiles (DEMO_PROFILE):
   short (default)  under an hour on 2 CPU cores, setup included (--plan prints the estimate of
                    each stage): a 24-minute verifier (compact-short: bfloat16 autocast where the
-                   CPU has it), a 12-minute drafter, a 7-minute draft model, a bench of 9
+                   CPU has it), a 12-minute drafter of 8 slots, a 7-minute draft model, a bench of 9
                    configurations on 300 test sentences at batch 1 and 16, one recorded pass
-  full             about 3.5 hours: a one-hour verifier (compact), a one-hour drafter, a
-                   half-hour draft model,
+  full             about 3.5 hours: a one-hour verifier (compact), a one-hour drafter of 25
+                   slots, a half-hour draft model,
                    cmasd-bench's default configurations on the whole test split, 2 passes
 
 Environment (each wins over the profile):
@@ -111,15 +113,17 @@ PROFILE="${DEMO_PROFILE:-short}"
 DRAFT_MODEL_ROWS="ar-g4-exact-sl2000,goodput-ar-sl2000"
 case "$PROFILE" in
   # verifier hours, drafter hours, repeats, sentences, configurations, verifier recipe,
-  # draft model hours
-  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,ct2-greedy-1t,loop-greedy,specdec-k5-exact,cmasd-k8,$DRAFT_MODEL_ROWS" compact-short 0.12) ;;
-  full) DEFAULTS=(1.0 1.0 2 "" "+$DRAFT_MODEL_ROWS" compact 0.5) ;;  # + : after the bench's defaults
+  # draft model hours, the drafter's block (its mask slots: the most tokens a pass drafts; 8
+  # trains about twice the updates of 25 in the same minutes, docs/results/demo.md)
+  short) DEFAULTS=(0.4 0.2 1 300 "beam5,greedy,ct2-greedy,ct2-greedy-1t,loop-greedy,specdec-k5-exact,cmasd-k8,$DRAFT_MODEL_ROWS" compact-short 0.12 8) ;;
+  full) DEFAULTS=(1.0 1.0 2 "" "+$DRAFT_MODEL_ROWS" compact 0.5 25) ;;  # + : after the bench's defaults
   *) die "bad DEMO_PROFILE=$PROFILE: expected short or full" ;;
 esac
 VERIFIER_HOURS="${DEMO_VERIFIER_HOURS:-${DEFAULTS[0]}}"
 DRAFTER_HOURS="${DEMO_DRAFTER_HOURS:-${DEFAULTS[1]}}"
 DRAFTER_UPDATES="${DEMO_DRAFTER_UPDATES:-30000}"
 DRAFT_MODEL_HOURS="${DEMO_DRAFT_MODEL_HOURS:-${DEFAULTS[6]}}"
+DRAFTER_BLOCK="${DEFAULTS[7]}"
 BATCH_SIZES="${DEMO_BATCH_SIZES:-1,16}"
 REPEATS="${DEMO_REPEATS:-${DEFAULTS[2]}}"
 MAX_SENTENCES="${DEMO_MAX_SENTENCES:-${DEFAULTS[3]}}"
@@ -373,7 +377,8 @@ else
   stage_begin drafter "training the drafter for at most $DRAFTER_HOURS h or $DRAFTER_UPDATES updates -> $OUT/drafter"
   rm -f "$OUT/.drafter-done"
   trained "$DRAFTER_HOURS" "$DRAFTER_UPDATES" bash "$CMASD_ROOT/data-prep/train-drafter.sh" "$DISTILLED" "$VERIFIER_PT" \
-    --lr 1e-3 --warmup-updates 100 --drafter-cuts 2 --save-dir "$OUT/drafter" --stop-time-hours "$DRAFTER_HOURS" \
+    --lr 1e-3 --warmup-updates 100 --drafter-cuts 2 --block-size "$DRAFTER_BLOCK" --save-dir "$OUT/drafter" \
+    --stop-time-hours "$DRAFTER_HOURS" \
     --max-update "$DRAFTER_UPDATES" --no-epoch-checkpoints ${DRAFTER_ARGS[@]+"${DRAFTER_ARGS[@]}"}
   [[ -f "$DRAFTER_PT" ]] || die "training ended without $DRAFTER_PT (see $LOGS/drafter.log)"
   printf '%s\n' "$DRAFTER_FOR" > "$OUT/.drafter-done"

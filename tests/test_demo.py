@@ -59,6 +59,7 @@ def test_demo_runs_every_stage_and_reports_time_memory_and_the_trace(small_data,
     # one line per training epoch instead of fairseq's log
     assert "epoch 1: " in output and "train_inner" not in output
     assert "| INFO | train | epoch 001 |" in (out / "logs" / "verifier.log").read_text()  # the whole log is kept
+    assert "'block_size': 8," in (out / "logs" / "drafter.log").read_text()  # the short profile's block
 
     with open(out / "stages.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))

@@ -213,7 +213,8 @@ class AutoregressiveDrafter(ModelDrafter):
             last_states = states[torch.arange(bsz, device=tokens.device), lengths - 1 - start][:, None]  # (B, 1, C)
         else:  # every fed token projected (the comparison of ``keeps_fed_drafts``)
             last_states = None
-        if request.sampling is None and request.stop_below is None and last_states is not None and self.fused_greedy:
+        if (request.sampling is None and request.stop_below is None and request.horizon >= 1 and last_states is not None
+                and self.fused_greedy):
             # greedy drafting to the horizon: every step in one C++ call where it runs them
             greedy = self.scorer.greedy_steps(state.cache, last_states, lengths, longest, request.horizon,
                                               None if self.shortlist is None else self.shortlist.ids)
