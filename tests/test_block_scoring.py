@@ -339,6 +339,29 @@ def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
         torch.testing.assert_close(got["encoder_embedding"][0], expected["encoder_embedding"][0])
 
 
+@pytest.mark.needs_gemv
+def test_a_batch_of_many_sources_encodes_in_the_fused_layers_as_fairseq():
+    """A batch past the decoder's row limit (20 sources of 40 tokens: 800 rows, several row groups
+    of the fused layers' kernels), left-padded rows among them, in one fused call."""
+    from cmasd.layers.prepared import FUSED_MAX_ROWS, encoder_of
+
+    model, dictionary = tiny_transformer(True, True)
+    pad = dictionary.pad()
+    torch.manual_seed(8)
+    src = torch.randint(4, len(dictionary), (20, 40))
+    src[:, -1] = dictionary.eos()
+    for row in range(0, 20, 3):
+        src[row, : row + 1] = pad
+    net_input = {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}
+    encode = encoder_of(model.encoder, "gemv")
+    assert src.numel() > FUSED_MAX_ROWS and encode.takes_whole(*src.shape)
+    with torch.no_grad():
+        expected = model.encoder.forward_torchscript(net_input)["encoder_out"][0]
+        got = encode(net_input)["encoder_out"][0]
+    real = src.ne(pad).t()[..., None]  # (S, B, 1)
+    torch.testing.assert_close(got * real, expected * real, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("variant", ["post-norm", "bart"])
 def test_a_long_source_encodes_and_decodes_as_fairseq(variant):
     """A source long enough for the fused attention kernel (FUSED_ATTENTION_MIN_PAIRS) in

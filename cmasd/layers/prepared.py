@@ -35,6 +35,11 @@ from cmasd.layers.transformer import (  # noqa: F401  (some kept for older impor
 # layer by layer.
 FUSED_MAX_ROWS = 256
 FUSED_MAX_WIDTH = 64
+# An encoder batch of sources of at most FUSED_MAX_WIDTH tokens runs in the fused layers up to
+# this many tokens in all: measured on the same host (docs/probes/encoder_pass.py, Multi30k's
+# first 63 batches of 16), the fused encoder took 0.91-0.94 of the time layer by layer at limits
+# of 256, 512 and 1,024 rows, the batches past 256 included.
+ENCODER_MAX_ROWS = 1024
 
 # Called once per layer with that layer's new keys and values stacked (B, 2H, T_new, d);
 # returns every key and every value the new queries may see, each (B, H, T_key, d).
@@ -338,8 +343,8 @@ class DecodingEncoder:
 
     def takes_whole(self, batch: int, length: int) -> bool:
         """Whether a batch of ``batch`` sources of ``length`` tokens runs in the fused C++ call
-        (the decoder's limits: ``DecodingDecoder.takes_whole``)."""
-        return self.fused is not None and length <= FUSED_MAX_WIDTH and batch * length <= FUSED_MAX_ROWS
+        (at most ``FUSED_MAX_WIDTH`` tokens a source, ``ENCODER_MAX_ROWS`` in all)."""
+        return self.fused is not None and length <= FUSED_MAX_WIDTH and batch * length <= ENCODER_MAX_ROWS
 
     @staticmethod
     def supports(encoder) -> bool:
@@ -384,7 +389,6 @@ class DecodingEncoder:
             "src_tokens": [],
             "src_lengths": [lengths],
         }
-
 
     def fused_states(self, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         """Every layer over x (B, S, C) in one call of the fused C++ layers: each position's

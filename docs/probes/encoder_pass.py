@@ -3,7 +3,9 @@ one call of the fused C++ layers and layer by layer (``fused`` off), alternating
 median ms a batch, and the largest difference of the two outputs on the first batch
 (docs/results/speculation-pays.md, "thirty-first session").
 
-    .venv/bin/python docs/probes/encoder_pass.py DATA [--batch-size 1] [--batches 100] [--rounds 5]
+    .venv/bin/python docs/probes/encoder_pass.py DATA [--batch-size 1] [--batches 100] [--rounds 5] [--rows N]
+
+``--rows N``: the encoder's row limit in the fused layers (``ENCODER_MAX_ROWS``) at N for this run.
 """
 
 import argparse
@@ -24,7 +26,12 @@ def main():
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=None)
     a = ap.parse_args()
+    if a.rows is not None:
+        from cmasd.layers import prepared
+
+        prepared.ENCODER_MAX_ROWS = a.rows
     args = argparse.Namespace(data=a.data, path=a.path, drafter_path=None, ar_drafter_path=None, exit_heads_path=None,
                               blockwise_heads_path=None, source_lang=None, target_lang=None, gen_subset="test",
                               max_sentences=a.batches * a.batch_size, threads=2, cpu=True, fp16=False, bf16=False)
