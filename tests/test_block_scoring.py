@@ -341,8 +341,8 @@ def assert_prepared_encoder_encodes_as_fairseq(model, dictionary, kernels):
 
 @pytest.mark.needs_gemv
 def test_a_batch_of_many_sources_encodes_in_the_fused_layers_as_fairseq():
-    """A batch past the decoder's row limit (20 sources of 40 tokens: 800 rows, several row groups
-    of the fused layers' kernels), left-padded rows among them, in one fused call."""
+    """A batch past the decoder's row limit (20 sources of 40 tokens: 800 rows, FUSED_MAX_ROWS 256),
+    left-padded rows among them, in one fused call (ENCODER_MAX_ROWS)."""
     from cmasd.layers.prepared import FUSED_MAX_ROWS, encoder_of
 
     model, dictionary = tiny_transformer(True, True)
