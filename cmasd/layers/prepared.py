@@ -106,8 +106,7 @@ class DecodingDecoder:
         self.heads, self.head_dim = self.layers[0].heads, self.layers[0].head_dim
         # gemv or bf16 kernels (on panels): the layers also as one C++ call, for the blocks
         # ``takes_whole`` says; the C++ layers are float32 only (a bf16 drafter under --fp16 is not)
-        float32 = next(decoder.parameters()).dtype == torch.float32
-        self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
+        self.fused = fused_layers_on(self.layers, kernels, decoder)
         self.native = None if self.fused is None else native_module()  # the C++ extension, where the layers use it
         self.fused_ranges: Dict[Tuple[int, int], Any] = {}  # (first, last): the layers first .. last - 1
         # the token and position tables of a plain input (``embed``), made here, not in an
@@ -246,7 +245,7 @@ class DecodingDecoder:
         from cmasd.layers.kernels import GEMV_MAX_ROWS, Bf16Linear, GemvLinear
 
         norm, output = self.layer_norm, self.output
-        if self.fused is None or self.project_out is not None or rows > GEMV_MAX_ROWS or not self.takes_whole(rows, 1):
+        if self.project_out is not None or rows > GEMV_MAX_ROWS or not self.takes_whole(rows, 1):  # takes_whole: fused
             return None
         if not isinstance(output, (GemvLinear, Bf16Linear)):
             return None
@@ -291,6 +290,14 @@ def plain_input_tables(decoder) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
         table = module.get_embedding(last + 1, module.embedding_dim, module.padding_idx)
         return tokens, table.to(tokens)
     return (tokens, module.weight) if hasattr(module, "weight") else None  # learned: its table
+
+
+def fused_layers_on(layers: List[PreparedLayer], kernels: str, module: torch.nn.Module):
+    """``fused_layers`` of ``module``'s prepared ``layers`` where their kernels are panels the C++
+    layers read: gemv, or bf16 on float32 weights (the C++ layers are float32 only: a bf16
+    drafter under --fp16 is not); else None."""
+    float32 = next(module.parameters()).dtype == torch.float32
+    return fused_layers(layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
 
 
 def fused_layers(layers: List[DecodingLayer]):
@@ -338,8 +345,7 @@ class DecodingEncoder:
         # gemv or bf16 kernels: the layers also as one C++ call (``FusedDecoder``: a layer without
         # encoder attention, its self-attention over the whole source, no causal rule), for the
         # batches ``takes_whole`` says
-        float32 = next(encoder.parameters()).dtype == torch.float32
-        self.fused = fused_layers(self.layers) if kernels == "gemv" or (kernels == "bf16" and float32) else None
+        self.fused = fused_layers_on(self.layers, kernels, encoder)
 
     def takes_whole(self, batch: int, length: int) -> bool:
         """Whether a batch of ``batch`` sources of ``length`` tokens runs in the fused C++ call
