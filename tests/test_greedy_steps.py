@@ -118,3 +118,12 @@ def test_kernels_without_panels_take_no_steps_in_cplusplus():
     assert scorer.greedy_steps(None, torch.zeros(1, 1, 16), torch.tensor([3]), 3, HORIZON) is None
     gemv = BlockScorer(model.decoder, "gemv").decoder
     assert gemv.fused_head(1) is not None and gemv.fused_head(129) is None  # the projection's gemv rows
+
+
+def test_a_final_norm_without_weights_stays_in_the_python_loop():
+    """The C++ call normalises where it is given a weight: a final norm without one (not
+    elementwise affine) must not be skipped there."""
+    _, model, _ = models(True, True)
+    assert BlockScorer(model.decoder, "gemv").decoder.fused_head(1)[0] is not None  # an affine norm runs in C++
+    model.decoder.layer_norm = torch.nn.LayerNorm(16, elementwise_affine=False)
+    assert BlockScorer(model.decoder, "gemv").decoder.fused_head(1) is None

@@ -251,11 +251,12 @@ class DecodingDecoder:
             return None
         if norm is None:
             return None, None, 0.0, output.panels, output.gemv_bias
-        if type(norm) is not torch.nn.LayerNorm or len(norm.normalized_shape) != 1:
+        # the C++ call applies a norm where it is given a weight: one without (not elementwise
+        # affine) stays in Python
+        if type(norm) is not torch.nn.LayerNorm or len(norm.normalized_shape) != 1 or norm.weight is None:
             return None
-        weight = None if norm.weight is None else norm.weight.detach()
         bias = None if norm.bias is None else norm.bias.detach()
-        return weight, bias, norm.eps, output.panels, output.gemv_bias
+        return norm.weight.detach(), bias, norm.eps, output.panels, output.gemv_bias
 
     def logits(self, x: Tensor) -> Tensor:
         """Final layer norm and output projection: (B, T, C) -> (B, T, V)."""
