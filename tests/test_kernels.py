@@ -476,6 +476,107 @@ def test_greedy_choice_takes_the_extension_once_loaded(monkeypatch):
     assert torch.equal(acceptance.top1(x), reference) and len(calls) == 1
 
 
+def topk_gap(x, proposal, beta):
+    """``gap_to_top1`` as torch computes it: membership in ``torch.topk``'s indices and the gap."""
+    lprobs = x[:, : proposal.size(1)]
+    top = lprobs.topk(min(beta, lprobs.size(-1)), dim=-1)
+    return ((top.indices == proposal[..., None]).any(dim=-1),
+            top.values[..., 0] - lprobs.gather(-1, proposal[..., None]).squeeze(-1))
+
+
+@needs_gemv
+def test_top_gap_answers_as_topk_on_every_kind_of_row():
+    """The extension's ``top_gap`` against ``torch.topk`` (SpecDec's top-beta test and the gap
+    to the top-1) on every kind of row of ``top1_cases`` (ties at the beta-th value go to topk
+    itself), drafts drawn among each row's best values and at random, beta 1 to 5 and past the
+    vocabulary, over a block strided as the loop's verifier log-probabilities are (B, K + 1, V)
+    sliced to K positions."""
+    module = extension.load()[0]
+    generator = torch.Generator().manual_seed(0)
+    checked = 0
+    for name, rows in top1_cases(generator):
+        width = rows.size(-1)
+        x = rows.view(1, 5, width).expand(2, 5, width).clone()  # (B, T, V)
+        x[1] = x[1].flip(0)
+        best = x.topk(min(6, width), dim=-1).indices  # (B, T, 6)
+        pick = torch.randint(0, best.size(-1), (2, 5, 1), generator=generator)
+        for proposal in (best.gather(-1, pick)[..., 0], torch.randint(0, width, (2, 5), generator=generator)):
+            for beta in (1, 2, 3, 5, width + 1):
+                in_top, gap = module.top_gap(x, proposal[:, :4], beta)
+                want_in, want_gap = topk_gap(x, proposal[:, :4], beta)
+                assert torch.equal(in_top, want_in), (name, beta)
+                assert torch.equal(gap.isnan(), want_gap.isnan()), (name, beta)
+                assert torch.equal(gap.nan_to_num(), want_gap.nan_to_num()), (name, beta)
+                checked += int(want_in.sum())
+    assert checked > 500  # drafts inside the top-beta, not only outside it
+
+
+@needs_gemv
+def test_the_cmasd_rule_takes_the_extension_once_loaded(monkeypatch):
+    """``gap_to_top1`` (``topk-gap`` and ``cmasd``'s test) uses the extension's ``top_gap``
+    where the process has loaded it and topk where it has not, or where the values are not
+    float32: the same verdicts either way; drafts outside the vocabulary are refused."""
+    from cmasd.verification import acceptance
+
+    module = extension.load()[0]
+    calls = []
+    spy = type("Spy", (), {"top_gap": lambda self, x, p, b: calls.append(x.shape) or module.top_gap(x, p, b)})()
+    x = torch.randn(3, 5, 100).to(torch.bfloat16).float().log_softmax(-1)  # ties in many rows
+    proposal = x.topk(4, dim=-1).indices[:, :4, 2]  # (3, 4): the third best, tied with the second in some rows
+    reference = topk_gap(x, proposal, 3)
+    monkeypatch.setattr(extension, "loaded", lambda: spy)
+    got = acceptance.gap_to_top1(proposal, x, 3)
+    assert all(torch.equal(a, b) for a, b in zip(got, reference)) and calls == [(3, 5, 100)]
+    in_top, gap = acceptance.gap_to_top1(proposal, x.double(), 3)
+    assert torch.equal(in_top, reference[0]) and gap.dtype == torch.float64 and len(calls) == 1
+    monkeypatch.setattr(extension, "loaded", lambda: None)
+    assert all(torch.equal(a, b) for a, b in zip(acceptance.gap_to_top1(proposal, x, 3), reference))
+    with pytest.raises(RuntimeError, match=r"top_gap: draft 100 out of the vocabulary \(100 values\)"):
+        module.top_gap(x, torch.full_like(proposal, 100), 3)
+    with pytest.raises(RuntimeError, match=r"top_gap: float32 values \(B, T, V\) on CPU"):
+        module.top_gap(x.double(), proposal, 3)
+    with pytest.raises(RuntimeError, match=r"K <= T"):
+        module.top_gap(x, torch.zeros(3, 6, dtype=torch.long), 3)
+
+
+@needs_gemv
+def test_the_ensemble_confidence_is_torchs_to_float_tolerance(monkeypatch):
+    """CM-ASD's ensemble confidence on the extension (``ensemble_confidence``, where the process
+    has loaded it) against the same function on torch's operators: every weighting the options
+    allow (one score alone, the default thirds, a rescaled margin, another margin scale),
+    vocabularies around the vector length and the shortlist's and the compact model's, logits
+    from flat to peaked; a row's score the same at any batch size; rows with values that are not
+    finite go to torch (NaN where torch gives NaN)."""
+    from cmasd.verification.confidence import ConfidenceSpec, _ensemble
+
+    module = extension.load()[0]
+    generator = torch.Generator().manual_seed(0)
+    specs = [ConfidenceSpec(), ConfidenceSpec(weights=(1.0, 0.0, 0.0)), ConfidenceSpec(weights=(0.0, 1.0, 0.0)),
+             ConfidenceSpec(weights=(0.0, 0.0, 1.0)), ConfidenceSpec(margin_scale=4.0, margin_rescaled=True)]
+
+    def both(spec, x):
+        monkeypatch.setattr(extension, "loaded", lambda: None)
+        reference = _ensemble(spec, x)
+        monkeypatch.setattr(extension, "loaded", lambda: module)
+        return _ensemble(spec, x), reference
+
+    for vocab in (2, 7, 8, 9, 100, 2000, 8001):
+        for scale in (0.1, 1.0, 8.0):
+            x = torch.randn(3, 8, vocab, generator=generator) * scale
+            for spec in specs:
+                got, reference = both(spec, x)
+                assert got.shape == (3, 8) and torch.allclose(got, reference, rtol=0, atol=1e-6), (vocab, scale, spec)
+                assert torch.equal(got[1:2], both(spec, x[1:2])[0])  # the same row alone
+    x = torch.randn(2, 3, 100, generator=generator)
+    x[0, 1, 5], x[1, 2, 7] = -math.inf, math.nan
+    assert module.ensemble_confidence(x, 1 / 3, 1 / 3, 1 / 3, 1.0, False) is None
+    got, reference = both(ConfidenceSpec(), x)
+    assert torch.equal(got.isnan(), reference.isnan()) and got.isnan().any()
+    for bad in (torch.zeros(3, 1), torch.zeros(3, 4, dtype=torch.float64)):
+        with pytest.raises(RuntimeError, match=r"ensemble_confidence: float32 logits \(\.\.\., V\) on CPU, V >= 2"):
+            module.ensemble_confidence(bad, 1 / 3, 1 / 3, 1 / 3, 1.0, False)
+
+
 @needs_gemv
 def test_top1_refuses_what_it_cannot_read():
     module = extension.load()[0]

@@ -1,10 +1,13 @@
-"""The greedy choice on the extension's ``top1`` against ``torch.topk``, in one process: the
-same generators decode the same sentences with ``extension.loaded`` answering the module
-(top1) or None (topk), alternately, 5 rounds after a warm-up; the medians and their ratio
-(docs/results/kernels.md, "the greedy choice in two passes"). The tokens are compared too.
+"""The verifier's choices on the extension (``top1``, the greedy token; ``top_gap``, the
+top-beta test of ``topk-gap`` and ``cmasd``) against ``torch.topk``, in one process: the same
+generators decode the same sentences with ``extension.loaded`` answering the module or None
+(topk), alternately, 5 rounds after a warm-up; the medians and their ratio
+(docs/results/kernels.md, "the greedy choice in two passes", "the top-beta test in one pass").
+The tokens are compared too.
 
     /work/main/.venv/bin/python docs/probes/top1_ab.py DATA VERIFIER.pt --ar-drafter AR.pt \
         --batch-size 1 --configs loop-greedy ar-g4-exact-sl2000 --set spec_draft_shortlist_counts=COUNTS
+    /work/main/.venv/bin/python docs/probes/top1_ab.py DATA VERIFIER.pt --drafter SPEC.pt --configs cmasd-k8
 """
 
 import argparse
@@ -21,6 +24,7 @@ def main():
     ap.add_argument("data")
     ap.add_argument("path")
     ap.add_argument("--ar-drafter", default=None)
+    ap.add_argument("--drafter", default=None, help="a Spec-Drafter checkpoint")
     ap.add_argument("--configs", nargs="+", default=["loop-greedy"])
     ap.add_argument("--set", nargs="*", default=[])
     ap.add_argument("--batch-size", type=int, default=1)
@@ -28,11 +32,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    args = argparse.Namespace(data=a.data, path=a.path, drafter_path=None, ar_drafter_path=a.ar_drafter,
+    args = argparse.Namespace(data=a.data, path=a.path, drafter_path=a.drafter, ar_drafter_path=a.ar_drafter,
                               exit_heads_path=None, blockwise_heads_path=None, source_lang=None, target_lang=None,
                               gen_subset="test", max_sentences=a.sentences, threads=a.threads, cpu=True, fp16=False,
                               bf16=False, prompt_tokens=32, continuation_tokens=48)
-    setup = loading.load_setup(args, ["ar"] if a.ar_drafter else [])
+    setup = loading.load_setup(args, ["spec"] * bool(a.drafter) + ["ar"] * bool(a.ar_drafter))
     generators = {}
     for spec in a.configs:
         config = [c for c in configs.resolve_configs(spec) if c.name != "greedy"][0]
@@ -40,7 +44,7 @@ def main():
                                                           loading.drafter_paths(args))
     batches = loading.build_batches(setup, a.batch_size)
     module = extension.load()[0]
-    sides = {"topk": lambda: None, "top1": lambda: module}
+    sides = {"topk": lambda: None, "extension": lambda: module}
     seconds = {(name, side): [] for name in generators for side in sides}
     tokens = {}
     for round_ in range(a.rounds + 1):
@@ -54,8 +58,8 @@ def main():
                 tokens.setdefault((name, side), run.hypotheses)
     for name in generators:
         before, after = (statistics.median(seconds[name, side]) for side in sides)
-        same = tokens[name, "topk"] == tokens[name, "top1"]
-        print(f"{name}, batch {a.batch_size}: topk {before:.3f} s, top1 {after:.3f} s, {before / after:.3f}x; "
+        same = tokens[name, "topk"] == tokens[name, "extension"]
+        print(f"{name}, batch {a.batch_size}: topk {before:.3f} s, extension {after:.3f} s, {before / after:.3f}x; "
               f"the same tokens: {same}")
 
 

@@ -1194,6 +1194,184 @@ at::Tensor top1(at::Tensor x) {
   return out.view(sizes);
 }
 
+// The n largest values of row[0 .. V) into kept[0 .. n), descending, duplicates counted (-inf
+// past V); false where a value is NaN. Eight lanes at a time, those above the smallest kept
+// inserted one by one.
+static bool largest_values(const float* row, int64_t V, int64_t n, float* kept) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) kept[i] = lowest;
+  int64_t filled = 0;
+  auto keep = [&](float x) {  // x > kept[n - 1], or the first n values: insert in order
+    int64_t i = std::min(filled, n - 1);
+    while (i > 0 && kept[i - 1] < x) {
+      kept[i] = kept[i - 1];
+      --i;
+    }
+    kept[i] = x;
+    filled = std::min(filled + 1, n);
+  };
+  i8v nan = {0};
+  int64_t j = 0;
+  for (; j < std::min(n, V); ++j) {
+    if (row[j] != row[j]) return false;
+    keep(row[j]);
+  }
+  for (; j + 8 <= V; j += 8) {
+    const v8 x = load8(row + j);
+    nan |= (x != x);
+    const float floor = kept[n - 1];
+    const v8 f = {floor, floor, floor, floor, floor, floor, floor, floor};
+    int mask = _mm256_movemask_ps((__m256)(x > f));
+    while (mask) {
+      const int l = __builtin_ctz(mask);
+      mask &= mask - 1;
+      if (row[j + l] > kept[n - 1]) keep(row[j + l]);
+    }
+  }
+  for (; j < V; ++j) {
+    if (row[j] != row[j]) return false;
+    if (row[j] > kept[n - 1]) keep(row[j]);
+  }
+  for (int l = 0; l < 8; ++l)
+    if (nan[l]) return false;
+  return true;
+}
+
+// 1: the draft is among topk's beta, 0: it is not, -1: topk must decide; *gap set where not -1
+static int top_gap_row(const float* row, int64_t V, int64_t beta, int64_t draft, float* gap) {
+  float kept[16];  // beta + 1 <= 16 (larger betas go to torch.topk)
+  if (!largest_values(row, V, beta + 1, kept)) return -1;
+  const float value = row[draft];
+  *gap = kept[0] - value;
+  if (beta >= V) return 1;  // topk gives every index
+  if (!(kept[beta - 1] > kept[beta])) return -1;  // a tie across the boundary (or all -inf): topk decides
+  return value >= kept[beta - 1] ? 1 : 0;
+}
+
+// top_gap: SpecDec's test of a draft (TopKGap, ConfidenceModulated) without torch.topk. For
+// row (b, t), t < K, of x (B, T, V) float32 and its draft proposal[b, t]: whether the draft is
+// among the ``beta`` values torch.topk(row, beta) gives, and the gap (largest value) - (the
+// draft's value), the float32 subtraction torch makes. One pass keeps the beta + 1 largest
+// values (largest_values). Where the beta-th largest is greater than the next (no tie across
+// topk's boundary) and no value is NaN, the values topk gives are those >= it, whatever its
+// order among equals: the draft is among them exactly when its value is. Otherwise (a tie
+// there, or a NaN) the row goes to torch.topk itself.
+std::vector<at::Tensor> top_gap(at::Tensor x, at::Tensor proposal, int64_t beta) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && !x.is_cuda() && x.size(2) > 0 && x.stride(2) == 1,
+              "top_gap: float32 values (B, T, V) on CPU, V > 0, the last dimension contiguous");
+  TORCH_CHECK(proposal.dim() == 2 && proposal.scalar_type() == at::kLong && !proposal.is_cuda() &&
+              proposal.size(0) == x.size(0) && proposal.size(1) <= x.size(1),
+              "top_gap: int64 drafts (B, K) on CPU, K <= T");
+  TORCH_CHECK(beta >= 1, "top_gap: beta >= 1");
+  const int64_t B = proposal.size(0), K = proposal.size(1), V = x.size(2);
+  const auto drafts = proposal.contiguous();
+  auto in_top = at::empty({B, K}, x.options().dtype(at::kBool));
+  auto gap = at::empty({B, K}, x.options());
+  const float* p = x.data_ptr<float>();
+  const int64_t* d = drafts.data_ptr<int64_t>();
+  for (int64_t r = 0; r < B * K; ++r)
+    TORCH_CHECK(d[r] >= 0 && d[r] < V, "top_gap: draft ", d[r], " out of the vocabulary (", V, " values)");
+  bool* o = in_top.data_ptr<bool>();
+  float* g = gap.data_ptr<float>();
+  std::vector<int8_t> decided(B * K);
+  const int64_t sb = x.stride(0), st = x.stride(1);
+  at::parallel_for(0, B * K, std::max<int64_t>(1, 65536 / V), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / K, t = r % K;
+      const int got = beta < 16 ? top_gap_row(p + b * sb + t * st, V, beta, d[r], g + r) : -1;
+      decided[r] = got >= 0;
+      o[r] = got == 1;
+    }
+  });
+  for (int64_t r = 0; r < B * K; ++r) {  // torch.topk itself, as gap_to_top1 runs it
+    if (decided[r]) continue;
+    const at::Tensor row = x.select(0, r / K).select(0, r % K);
+    const auto top = at::topk(row, std::min(beta, V));
+    const at::Tensor values = std::get<0>(top), indices = std::get<1>(top);
+    const int64_t* idx = indices.data_ptr<int64_t>();
+    bool found = false;
+    for (int64_t i = 0; i < indices.numel(); ++i) found |= idx[i] == d[r];
+    o[r] = found;
+    g[r] = values.data_ptr<float>()[0] - row.data_ptr<float>()[d[r]];
+  }
+  return {in_top, gap};
+}
+
+// ensemble_confidence: CM-ASD's ensemble confidence of drafter logits x (..., V), V >= 2,
+// float32 (cmasd.verification.confidence._ensemble, which runs about eight torch operators over
+// the logits): w_ent (1 - H / log V, clamped to [0, 1]) + w_logit sigmoid(scale (l(1) - l(2)))
+// (2 sigmoid - 1 where ``rescaled``) + w_soft (P(1) - P(2)), l the log-probabilities, the
+// terms of weight 0 left out, added in that order in float32. Two passes over a row: its two
+// largest values (largest_values), then the sum of e = exp(x - max) and of e (x - max) (exp8),
+// whence log s, H = log s - sum e (x - max) / s and l = x - max - log s. The same quantities as
+// torch's to float tolerance (its exponentials and sums are its own), a row's the same at any
+// batch size. None where a row holds a value that is not finite (torch's answer there, NaN
+// or not, is for torch to give).
+c10::optional<at::Tensor> ensemble_confidence(at::Tensor x, double w_ent, double w_logit, double w_soft,
+                                              double scale, bool rescaled) {
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && !x.is_cuda() && x.size(-1) >= 2,
+              "ensemble_confidence: float32 logits (..., V) on CPU, V >= 2");
+  const auto rows = x.contiguous().view({-1, x.size(-1)});
+  const int64_t N = rows.size(0), V = rows.size(1);
+  auto sizes = x.sizes().vec();
+  sizes.pop_back();
+  auto out = at::empty({N}, x.options());
+  const float* p = rows.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  const float log_v = static_cast<float>(std::log(static_cast<double>(V)));
+  at::parallel_for(0, N, std::max<int64_t>(1, 16384 / V), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = p + r * V;
+      float top[2];
+      if (!largest_values(row, V, 2, top) || !std::isfinite(top[0]) || !std::isfinite(top[1])) {
+        finite = false;
+        continue;
+      }
+      const float m = top[0];
+      const v8 mv = {m, m, m, m, m, m, m, m};
+      v8 sv = {0}, tv = {0}, low = {0};
+      int64_t j = 0;
+      for (; j + 8 <= V; j += 8) {
+        const v8 d = load8(row + j) - mv;
+        const v8 e = exp8(d);
+        sv += e;
+        tv += e * d;
+        low = d < low ? d : low;
+      }
+      float s = ((sv[0] + sv[1]) + (sv[2] + sv[3])) + ((sv[4] + sv[5]) + (sv[6] + sv[7]));
+      float t = ((tv[0] + tv[1]) + (tv[2] + tv[3])) + ((tv[4] + tv[5]) + (tv[6] + tv[7]));
+      float lowest = std::min(std::min(std::min(low[0], low[1]), std::min(low[2], low[3])),
+                              std::min(std::min(low[4], low[5]), std::min(low[6], low[7])));
+      for (; j < V; ++j) {
+        const float d = row[j] - m, e = std::exp(d);
+        s += e;
+        t += e * d;
+        lowest = std::min(lowest, d);
+      }
+      if (!std::isfinite(lowest)) {  // -inf (or a value below it): torch's 0 x -inf
+        finite = false;
+        continue;
+      }
+      const float log_s = std::log(s);
+      float conf = 0.f;
+      if (w_ent != 0.0) {
+        const float entropy = log_s - t / s;
+        conf = conf + static_cast<float>(w_ent) * std::min(std::max(1.f - entropy / log_v, 0.f), 1.f);
+      }
+      const float first = (m - m) - log_s, second = (top[1] - m) - log_s;
+      if (w_logit != 0.0) {
+        const float margin = 1.f / (1.f + std::exp(-(static_cast<float>(scale) * (first - second))));
+        conf = conf + static_cast<float>(w_logit) * (rescaled ? 2.f * margin - 1.f : margin);
+      }
+      if (w_soft != 0.0) conf = conf + static_cast<float>(w_soft) * (std::exp(first) - std::exp(second));
+      o[r] = conf;
+    }
+  });
+  if (!finite) return c10::nullopt;
+  return out.view(sizes);
+}
+
 // compact_rows: the rows ``keep`` (int64 on CPU, distinct) of every tensor in ``tensors`` (each
 // contiguous on CPU, rows first, any dtype) moved in place to its first keep.size(0) rows: row
 // keep[j] to row j, for j in order. Where rows of a batch finish, the loop fills each finished
@@ -1257,6 +1435,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fairseq's exact GELU as the fused layers compute it (8 floats at a time), float32 on CPU");
   m.def("top1", &top1, pybind11::arg("x"),
         "the index torch.topk(x, 2) gives first in every row of x (..., V), float32 on CPU");
+  m.def("top_gap", &top_gap, pybind11::arg("x"), pybind11::arg("proposal"), pybind11::arg("beta"),
+        "whether each draft (B, K) is among torch.topk(x[b, t], beta)'s indices, and the largest value less "
+        "the draft's, for t < K of x (B, T, V), float32 on CPU");
+  m.def("ensemble_confidence", &ensemble_confidence, pybind11::arg("x"), pybind11::arg("w_ent"),
+        pybind11::arg("w_logit"), pybind11::arg("w_soft"), pybind11::arg("scale"), pybind11::arg("rescaled"),
+        "CM-ASD's ensemble confidence of drafter logits (..., V), float32 on CPU (None where a row is not finite)");
   m.def("compact_rows", &compact_rows, pybind11::arg("tensors"), pybind11::arg("keep"),
         "move row keep[j] of every tensor to row j, in place; False where it cannot");
   m.def("panel_isa", &panel_isa, pybind11::arg("choose") = "",
