@@ -368,6 +368,29 @@ def test_cuda_graph_rows_skipped_on_a_cpu_and_kept_on_a_gpu():
     assert without_missing_engines(rows, torch.device("cuda")) == (list(rows), [])
 
 
+def test_bf16_drafter_rows_skipped_where_their_kernel_cannot_run(monkeypatch):
+    """The named rows of a drafter on bfloat16 panels run where the C++ extension loads on a
+    CPU; on a GPU, or where the extension cannot be built, the run goes on without them."""
+    from cmasd.layers import extension
+    from cmasd.tools.bench.cli import without_missing_engines
+
+    rows = resolve_configs("greedy,specdec-k5-exact-sl2000,specdec-k5-exact-sl2000-bf16,cmasd-k8-sl2000-bf16,"
+                           "ar-g4-exact-sl2000-bf16")
+    bf16 = [c.name for c in rows if c.overrides.get("spec_drafter_quantize") == "bf16"]
+    assert len(bf16) == 3
+    monkeypatch.setattr(extension, "load", lambda: (object(), None))
+    assert without_missing_engines(rows, torch.device("cpu")) == (list(rows), [])
+    kept, skipped = without_missing_engines(rows, torch.device("cuda"))
+    assert [c.name for c in kept] == ["greedy", "specdec-k5-exact-sl2000"]
+    assert skipped == [f"{name}: skipped, a drafter on bfloat16 panels runs on CPU only, the decoders here on cuda"
+                       for name in bf16]
+    monkeypatch.setattr(extension, "load", lambda: (None, "no C++ compiler (simulated)"))
+    kept, skipped = without_missing_engines(rows, torch.device("cpu"))
+    assert [c.name for c in kept] == ["greedy", "specdec-k5-exact-sl2000"]
+    assert skipped == [f"{name}: skipped, a drafter on bfloat16 panels needs the C++ kernels: no C++ compiler "
+                       "(simulated)" for name in bf16]
+
+
 def test_ct2_cache_is_beside_the_checkpoint_unless_read_only(tmp_path):
     from cmasd.tools.bench.ct2 import cache_location
 

@@ -191,10 +191,14 @@ def test_the_bench_rows_reach_the_options():
     assert spec_options(CONFIGS["ar-g4-exact-int8"], {}, {}).spec_drafter_quantize == "int8"
     both = spec_options(CONFIGS["ar-g4-exact-int8-sl2000"], {}, {})
     assert (both.spec_drafter_quantize, both.spec_draft_shortlist) == ("int8", 2000)
-    for name in ("ar-g4-exact-sl2000", "ar-g4-exact-int8", "ar-g4-exact-int8-sl2000"):
-        mine, base = spec_options(CONFIGS[name], {}, {}), spec_options(CONFIGS["ar-g4-exact"], {}, {})
+    for name, plain in (("ar-g4-exact-sl2000", "ar-g4-exact"), ("ar-g4-exact-int8", "ar-g4-exact"),
+                        ("ar-g4-exact-int8-sl2000", "ar-g4-exact"), ("ar-g4-exact-sl2000-bf16", "ar-g4-exact"),
+                        ("specdec-k5-exact-sl2000-bf16", "specdec-k5-exact"), ("cmasd-k8-sl2000-bf16", "cmasd-k8")):
+        mine, base = spec_options(CONFIGS[name], {}, {}), spec_options(CONFIGS[plain], {}, {})
         changed = {k for k in vars(mine) if getattr(mine, k) != getattr(base, k)}
         assert changed <= {"spec_draft_shortlist", "spec_drafter_quantize"}, name
+        if name.endswith("-bf16"):
+            assert (mine.spec_drafter_quantize, mine.spec_draft_shortlist) == ("bf16", 2000), name
 
 
 # ------------------------------------------------------------------------ drafts

@@ -470,7 +470,10 @@ def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device
     """The configurations that can run here, and a message for each one skipped: the
     ct2 rows where CTranslate2 is not installed, or where the decoders run on a GPU
     (the rows measure CTranslate2 on CPU); the rows replaying CUDA graphs
-    (``spec_cuda_graphs``) where the decoders run on a CPU."""
+    (``spec_cuda_graphs``) where the decoders run on a CPU; the rows of a drafter on bfloat16
+    panels (``spec_drafter_quantize`` bf16) where the decoders run on a GPU or the C++
+    extension, their only kernel, cannot be built or run here."""
+    from cmasd.layers import extension
     from cmasd.tools.bench.ct2 import INSTALL_HINT, ctranslate2_version
 
     reasons = {}
@@ -482,9 +485,20 @@ def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device
     if device.type != "cuda":
         reasons["graphs"] = f"CUDA graphs need a GPU, the decoders here run on {device}"
 
+    def bf16_obstacle() -> Optional[str]:
+        if device.type != "cpu":
+            return f"a drafter on bfloat16 panels runs on CPU only, the decoders here on {device}"
+        obstacle = extension.load()[1]
+        return None if obstacle is None else f"a drafter on bfloat16 panels needs the C++ kernels: {obstacle}"
+
     def why(config: BenchConfig) -> Optional[str]:
-        graphs = config.speculative and config.overrides.get("spec_cuda_graphs", False)
-        return reasons.get("graphs" if graphs else config.kind)
+        if config.speculative and config.overrides.get("spec_cuda_graphs", False):
+            return reasons["graphs"] if "graphs" in reasons else None
+        if config.speculative and config.overrides.get("spec_drafter_quantize") == "bf16":
+            if "bf16" not in reasons:
+                reasons["bf16"] = bf16_obstacle()
+            return reasons["bf16"]
+        return reasons.get(config.kind)
 
     skipped = [f"{c.name}: skipped, {why(c)}" for c in configs if why(c) is not None]
     for message in skipped:

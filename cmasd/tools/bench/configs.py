@@ -97,6 +97,9 @@ AR = {"drafter_kind": "autoregressive", "spec_controller": "fixed"}
 # compact model's 8,001), and its linear layers on int8 weights: two ways to cheapen a draft step.
 SHORTLIST = {"spec_draft_shortlist": 2000}
 INT8 = {"spec_drafter_quantize": "int8"}
+# The model drafter's linear layers on bfloat16 weights (computed in float32; the C++ extension's
+# panels, CPU only): with the shortlist, the cheapest draft here (docs/results/speculation-pays.md).
+BF16 = {"spec_drafter_quantize": "bf16"}
 STATIC = {"spec_verify": "static"}  # every row's block the draft's horizon wide: one host read an iteration
 GRAPHS = {"spec_cuda_graphs": True}  # the verify and draft-model passes replayed from CUDA graphs (GPU only)
 # The cost-aware controller: per row the k in 0 .. 8 that maximises expected accepted tokens per
@@ -205,12 +208,18 @@ CONFIGS: Dict[str, BenchConfig] = {
         speculative("specdec-k5-exact-sl2000", "specdec-k5-exact drafting among the 2,000 most frequent pieces only "
                     "(--spec-draft-shortlist 2000; lossless)", FIXED_K10, {"spec_k": 5, "spec_draft_block": 5}, EXACT,
                     SHORTLIST),
+        speculative("specdec-k5-exact-sl2000-bf16", "specdec-k5-exact-sl2000 with the Spec-Drafter on bfloat16 "
+                    "weights (--spec-drafter-quantize bf16, CPU; lossless)", FIXED_K10,
+                    {"spec_k": 5, "spec_draft_block": 5}, EXACT, SHORTLIST, BF16),
         speculative("specdec-k25-exact", "fixed k=25, exact acceptance (lossless)", FIXED_K10, {"spec_k": 25}, EXACT),
         speculative("cmasd", "CM-ASD: adaptive k + adaptive tau, ensemble confidence", FULL_CMASD),
         speculative("cmasd-k4", "CM-ASD with k_max=4 and a 4-slot drafter block (the operating point "
                     "cmasd-tune found on a 2-core CPU)", FULL_CMASD, SHORT_BLOCK),
         speculative("cmasd-k8", "CM-ASD with k_max=8 and an 8-slot drafter block (the faster cap with a "
                     "one-hour drafter)", FULL_CMASD, EIGHT_BLOCK),
+        speculative("cmasd-k8-sl2000-bf16", "cmasd-k8 drafting among the 2,000 most frequent pieces on bfloat16 "
+                    "weights (--spec-draft-shortlist 2000 --spec-drafter-quantize bf16, CPU; its confidence is the "
+                    "shortlist's)", FULL_CMASD, EIGHT_BLOCK, SHORTLIST, BF16),
         speculative("cmasd-k8-history", "cmasd-k8 with history drafts (--spec-history-ngram 3): a row that "
                     "repeats its last 3 tokens drafts their earlier continuation", FULL_CMASD, EIGHT_BLOCK, HISTORY),
         speculative("cmasd-k8-source", "cmasd-k8 with source drafts (--spec-source-ngram 2): a row whose last 2 "
@@ -228,6 +237,9 @@ CONFIGS: Dict[str, BenchConfig] = {
                     AR, {"spec_k": 4}, EXACT, SOURCE, drafter="ar"),
         speculative("ar-g4-exact-sl2000", "ar-g4-exact drafting among the 2,000 most frequent pieces only "
                     "(--spec-draft-shortlist 2000; lossless)", AR, {"spec_k": 4}, EXACT, SHORTLIST, drafter="ar"),
+        speculative("ar-g4-exact-sl2000-bf16", "ar-g4-exact-sl2000 with the draft model on bfloat16 weights "
+                    "(--spec-drafter-quantize bf16, CPU; lossless)", AR, {"spec_k": 4}, EXACT, SHORTLIST, BF16,
+                    drafter="ar"),
         speculative("ar-g4-exact-int8", "ar-g4-exact with the draft model on int8 weights (--spec-drafter-quantize "
                     "int8, CPU; lossless)", AR, {"spec_k": 4}, EXACT, INT8, drafter="ar"),
         speculative("ar-g4-exact-int8-sl2000", "ar-g4-exact-int8 with the 2,000-piece shortlist (lossless)",
