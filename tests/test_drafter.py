@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -146,6 +147,43 @@ def test_fused_drafting_equals_layer_by_layer_with_ragged_growth(learned_pos, no
             lengths = lengths + torch.tensor(growth[step])
     if kernels == "gemv":  # and the native layers' logits, as every kernel's
         torch.testing.assert_close(logits, draft_from_scratch(drafter, encoder_out, tokens, lengths), rtol=0, atol=1e-5)
+
+
+@pytest.mark.needs_gemv
+@pytest.mark.parametrize("learned_pos,normalize_before", ARCHS)
+def test_the_fused_pass_inputs_in_one_call_equal_the_operators(learned_pos, normalize_before, monkeypatch):
+    """``SpecDrafter.fused_inputs`` in one C++ call (``spec_block_inputs``) and on torch's
+    operators: the same inputs, limits and cache indices, value for value, pass after pass, rows
+    feeding different counts (none, and past the tokens' width), padding sent to the scratch
+    column, slots past the decoder's last position sharing it."""
+    from cmasd.layers import extension
+
+    drafter, verifier, dictionary = tiny_drafter(learned_pos, normalize_before)
+    drafting = SpecDrafter(drafter, "gemv")
+    module = extension.load()[0]
+    calls = []
+    spy = type("Spy", (), {"spec_block_inputs": lambda self, *a: calls.append(1) or module.spec_block_inputs(*a),
+                           "__getattr__": lambda self, name: getattr(module, name)})()
+    gen = torch.Generator().manual_seed(5)
+    bsz, capacity = 3, 16
+    _, _, encoder_out = encoded_source(verifier, dictionary, gen, bsz)
+    state = drafting.start_cache(encoder_out, capacity)
+    full = sequences(dictionary, gen, bsz, capacity)
+    last = drafting.embedding.last_position
+    for cached, lengths, width in (([0, 0, 0], [1, 4, 2], 16), ([1, 4, 2], [5, 4, 3], 16), ([3, 2, 7], [9, 9, 8], 8),
+                                   ([1, 1, 1], [last, last - 3, 2], 16)):
+        cached, lengths = torch.tensor(cached), torch.tensor(lengths)
+        step = replace(state, cached=cached)
+        tokens = full[:, :width]
+        most_new = int((lengths - cached).max())
+        monkeypatch.setattr(drafting.decoder, "native", spy)
+        got = drafting.fused_inputs(step, tokens, lengths, most_new, BLOCK)
+        monkeypatch.setattr(drafting, "inputs_in_one_call", False)  # the operators
+        expected = drafting.fused_inputs(step, tokens, lengths, most_new, BLOCK)
+        monkeypatch.undo()
+        for a, b in zip(got, expected):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    assert len(calls) == 4
 
 
 @pytest.mark.needs_gemv

@@ -115,6 +115,10 @@ class SpecDrafter(ModelDrafter):
     shape_reads = 2  # the most and the fewest tokens a row feeds next
     checkpoint_option = "--drafter-path"
     checkpoint_help = "Spec-Drafter checkpoint (needed by the configurations that draft with it: most speculative ones)"
+    # False: a fused pass's inputs built by torch's operators even where ``spec_block_inputs``
+    # builds them in one C++ call (the same values), for an in-process comparison
+    # (docs/probes/interleaved_decodes.py --operator-inputs)
+    inputs_in_one_call = True
 
     def __init__(self, model: SpecDrafterModel, kernels: str = "native", block: Optional[int] = None,
                  shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None):
@@ -252,13 +256,10 @@ class SpecDrafter(ModelDrafter):
                 f"prefix of {longest} tokens exceeds the drafter cache capacity {capacity} (see start_cache() and grow())"
             )
 
-        offsets = torch.arange(most_new, device=device)  # (N,)
-        index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
-        fresh = offsets[None, :] < grown[:, None]  # (B, N) real new tokens
-        new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(~fresh, self.padding_idx)
         # replayed (``--spec-cuda-graphs``), but for a first pass over prompts (each width a recording used once)
         if isinstance(state, ArenaDrafterCache) and state.arena is self.arena and most_new <= block + 1:
             arena = self.arena
+            new_tokens, index, fresh = self.fed(state, tokens, lengths, most_new)
             (logits,) = arena.replayed(
                 self.graphs, (bucket(bsz), most_new, block, slots), (new_tokens, index, fresh, lengths),
                 lambda *inputs: self.recorded_pass(arena, inputs, block, slots), self.counts)
@@ -266,34 +267,62 @@ class SpecDrafter(ModelDrafter):
                 and device.type == "cpu":
             if longest + block > capacity:  # the slots are written past the prefix (doubling, as the loop grows)
                 state = state.grow(max(longest + block, 2 * capacity))
-            logits = self.fused_logits(state, new_tokens, index, fresh, lengths, block, slots, longest)
+            logits = self.fused_logits(state, tokens, lengths, most_new, block, slots, longest)
         else:
+            new_tokens, index, fresh = self.fed(state, tokens, lengths, most_new)
             logits = self.block_logits(state.kv, state.cross, state.cross_bias, new_tokens, index, fresh, lengths,
                                        block, slots, longest)
         return logits, dataclasses.replace(state, cached=lengths.clone())
 
-    def fused_logits(self, state: SpecDrafterCache, new_tokens: Tensor, index: Tensor, fresh: Tensor, lengths: Tensor,
-                     block: int, slots: int, seen: int) -> Tensor:
-        """``block_logits`` as one call of the fused C++ layers (``DecodingDecoder.block_states``),
-        for a block they take whole. The slots' keys and values go into the cache too, at the
-        positions after each row's prefix (``lengths`` ..), which the next pass overwrites with
-        the tokens accepted there: the cache keeps room for them (``state`` grown by the
-        caller), and what lies past a row's prefix is never seen but by its own slots: each
-        query sees the cache up to its limit (a prefix token its own position, a slot its row's
-        last slot). The same arithmetic as ``block_logits`` to float tolerance (the slots'
-        attention reads their keys from the cache, not from the pass)."""
-        bsz, most_new = new_tokens.shape
-        device = new_tokens.device
+    def fed(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, most_new: int
+            ) -> Tuple[Tensor, Tensor, Tensor]:
+        """What a pass feeds before its slots: each row's tokens not yet cached, ``most_new``
+        positions from its cached count (B, N), padding past its own, their sequence indices
+        (B, N), and which are real (B, N) bool."""
+        offsets = torch.arange(most_new, device=tokens.device)  # (N,)
+        index = state.cached[:, None] + offsets  # (B, N) sequence index of each new token
+        fresh = offsets[None, :] < (lengths - state.cached)[:, None]  # (B, N) real new tokens
+        new_tokens = tokens.gather(1, index.clamp(max=tokens.size(1) - 1)).masked_fill(~fresh, self.padding_idx)
+        return new_tokens, index, fresh
+
+    def fused_inputs(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, most_new: int,
+                     block: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """The fused pass's inputs (B, N + K, C), what each position sees (its limit) and where
+        its keys and values go (B, N + K): the tokens ``fed``, then ``block`` slots. One C++ call
+        (``spec_block_inputs``) where the decoder's input is the plain float32 sum
+        (``embed_from`` runs ``embed_rows``), else these operators; the same values either way."""
         embedding = self.embedding
         if self.slot_table is None:  # a slot's input at each fairseq position, made once
-            self.slot_table = embedding.slot_inputs(torch.arange(embedding.last_position + 1, device=device)[None])[0]
+            self.slot_table = embedding.slot_inputs(
+                torch.arange(embedding.last_position + 1, device=tokens.device)[None])[0].contiguous()
+        tables = self.decoder.input_tables
+        if self.inputs_in_one_call and self.decoder.fused is not None and tables is not None \
+                and tables[0].dtype == torch.float32 and self.slot_table.dtype == torch.float32 and tokens.size(1) > 0:
+            return self.decoder.native.spec_block_inputs(
+                tokens, lengths, state.cached, most_new, block, self.padding_idx, state.capacity, tables[0],
+                tables[1], float(self.decoder.decoder.embed_scale), self.padding_idx + 1, embedding.last_position,
+                self.slot_table)
+        new_tokens, index, fresh = self.fed(state, tokens, lengths, most_new)
         slot_index = lengths[:, None] + self.offsets[:block]  # (B, K)
         x = torch.cat([self.decoder.embed_from(new_tokens, state.cached, self.padding_idx + 1, embedding.last_position),
                        F.embedding(embedding.positions(slot_index), self.slot_table)], dim=1)  # (B, N + K, C)
         # what each query sees: a prefix token the cache up to its own position, a slot its row's
         # prefix and every slot of its row (the positions up to its row's last slot)
-        limits = torch.cat([index, slot_index[:, -1:].expand(bsz, block)], dim=1)  # (B, N + K)
+        limits = torch.cat([index, slot_index[:, -1:].expand(lengths.size(0), block)], dim=1)  # (B, N + K)
         write_at = torch.cat([index.masked_fill(~fresh, state.capacity), slot_index], dim=1)  # padding -> scratch
+        return x, limits, write_at
+
+    def fused_logits(self, state: SpecDrafterCache, tokens: Tensor, lengths: Tensor, most_new: int,
+                     block: int, slots: int, seen: int) -> Tensor:
+        """``block_logits`` as one call of the fused C++ layers (``DecodingDecoder.block_states``),
+        for a block they take whole, on ``fused_inputs``. The slots' keys and values go into the
+        cache too, at the positions after each row's prefix (``lengths`` ..), which the next pass
+        overwrites with the tokens accepted there: the cache keeps room for them (``state`` grown
+        by the caller), and what lies past a row's prefix is never seen but by its own slots: each
+        query sees the cache up to its limit (a prefix token its own position, a slot its row's
+        last slot). The same arithmetic as ``block_logits`` to float tolerance (the slots'
+        attention reads their keys from the cache, not from the pass)."""
+        x, limits, write_at = self.fused_inputs(state, tokens, lengths, most_new, block)
         states = self.decoder.block_states(x, state.kv, write_at, seen + block, None, state.cross, state.cross_bias,
                                            limits=limits)
         return self.decoder.logits(states[:, most_new : most_new + slots])  # (B, slots, V or N)

@@ -16,7 +16,10 @@ behaviour before 2026-11-29's tenth session); `--stepwise-drafter CONFIG` runs t
 configuration's Spec-Drafter passes layer by layer, never in the fused C++ layers (the behaviour
 before 2026-12-07's thirtieth session); `--stepwise-greedy CONFIG` drafts that configuration's
 greedy draft-model steps one `score` call at a time from Python, never in one C++ call
-(`AutoregressiveDrafter.fused_greedy` off: the behaviour before the thirty-first session); `--rows CONFIG=N` decodes that configuration with
+(`AutoregressiveDrafter.fused_greedy` off: the behaviour before the thirty-first session);
+`--operator-inputs CONFIG` builds that configuration's fused Spec-Drafter passes' inputs with
+torch's operators, not in one C++ call (`SpecDrafter.inputs_in_one_call` off: the behaviour before
+the thirty-second session); `--rows CONFIG=N` decodes that configuration with
 `GEMV_MAX_ROWS` and `FUSED_MAX_ROWS` at N (the rows up to which a linear layer runs on the panel
 kernel, and a pass in the fused C++ layers; 64: the limits before 2026-12-07; set around each of
 its decodes, so the same configuration may be given at two thresholds,
@@ -103,6 +106,8 @@ def main():
                     help="a configuration given, to run with its Spec-Drafter's passes layer by layer")
     ap.add_argument("--stepwise-greedy", action="append", default=[],
                     help="a configuration given, to run with its draft model's greedy steps looped in Python")
+    ap.add_argument("--operator-inputs", action="append", default=[],
+                    help="a configuration given, to run with its Spec-Drafter's pass inputs built by torch's operators")
     ap.add_argument("--rows", action="append", default=[],
                     help="CONFIG=N: that configuration decodes with GEMV_MAX_ROWS and FUSED_MAX_ROWS at N "
                          "(once per time it is given)")
@@ -165,6 +170,10 @@ def main():
             for model in drafters_of(generator.drafter, AutoregressiveDrafter):
                 model.fused_greedy = False
             name = spec + " (stepwise greedy)"
+        elif spec in a.operator_inputs and spec + " (operator inputs)" not in names:
+            for model in drafters_of(generator.drafter, SpecDrafter):
+                model.inputs_in_one_call = False
+            name = spec + " (operator inputs)"
         elif thresholds.get(spec):
             rows = thresholds[spec].pop(0)
             generator.decode = with_rows(generator.decode, rows)

@@ -1168,6 +1168,68 @@ static int64_t unique_largest(const float* row, int64_t V) {
   return equal == 1 ? first : -1;  // every value -inf: a tie, which topk decides
 }
 
+// spec_block_inputs: a Spec-Drafter pass's inputs in the fused layers (SpecDrafter.fused_logits),
+// in one call where about twenty torch operators built them. Row b feeds its tokens not yet
+// cached, ``most_new`` positions from cached[b] (index cached[b] + j; those past lengths[b] are
+// padding, token ``pad``, written into the scratch column ``capacity``; the token read at
+// min(index, W - 1) of tokens (B, W)), as embed_rows makes them (fairseq position index +
+// ``offset``, at most ``last``); then ``block`` slots at indices lengths[b] + k, each the row of
+// ``slot_table`` at fairseq position min(lengths[b] + k + offset, last). Returns x (B, N + K, C),
+// the limits (B, N + K) (a prefix token sees up to its own index, a slot up to its row's last
+// slot) and where each position's keys and values are written (B, N + K): the same tensors as
+// the operators', value for value.
+std::vector<at::Tensor> spec_block_inputs(at::Tensor tokens, at::Tensor lengths, at::Tensor cached, int64_t most_new,
+                                          int64_t block, int64_t pad, int64_t capacity, at::Tensor token_table,
+                                          c10::optional<at::Tensor> position_table, double scale, int64_t offset,
+                                          int64_t last, at::Tensor slot_table) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && !tokens.is_cuda() && tokens.size(1) > 0,
+              "spec_block_inputs: int64 tokens (B, W) on CPU, W > 0");
+  const int64_t B = tokens.size(0), W = tokens.size(1);
+  TORCH_CHECK(lengths.dim() == 1 && cached.dim() == 1 && lengths.size(0) == B && cached.size(0) == B &&
+              lengths.scalar_type() == at::kLong && cached.scalar_type() == at::kLong && !lengths.is_cuda() &&
+              !cached.is_cuda(), "spec_block_inputs: int64 lengths and cached counts (B,) on CPU");
+  TORCH_CHECK(most_new >= 0 && block >= 1, "spec_block_inputs: most_new >= 0 and block >= 1");
+  TORCH_CHECK(slot_table.dim() == 2 && slot_table.scalar_type() == at::kFloat && slot_table.is_contiguous() &&
+              slot_table.size(1) == token_table.size(1) && slot_table.size(0) > last,
+              "spec_block_inputs: a float32 slot table (positions > last, C), contiguous");
+  const auto toks = tokens.contiguous(), lens = lengths.contiguous(), have = cached.contiguous();
+  const int64_t* t = toks.data_ptr<int64_t>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  const int64_t* c = have.data_ptr<int64_t>();
+  const int64_t N = most_new, K = block, C = token_table.size(1);
+  auto fed = at::empty({B, N}, tokens.options());
+  auto limits = at::empty({B, N + K}, tokens.options());
+  auto write_at = at::empty({B, N + K}, tokens.options());
+  int64_t* f = fed.data_ptr<int64_t>();
+  int64_t* l = limits.data_ptr<int64_t>();
+  int64_t* w = write_at.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t index = c[b] + j;
+      const bool fresh = j < len[b] - c[b];
+      f[b * N + j] = fresh ? t[b * W + std::min(index, W - 1)] : pad;
+      l[b * (N + K) + j] = index;
+      w[b * (N + K) + j] = fresh ? index : capacity;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      l[b * (N + K) + N + k] = len[b] + K - 1;
+      w[b * (N + K) + N + k] = len[b] + k;
+    }
+  }
+  auto x = at::empty({B, N + K, C}, token_table.options());
+  float* out = x.data_ptr<float>();
+  if (N > 0) {
+    const auto prefix = embed_rows(fed, have, token_table, position_table, scale, offset, last);  // (B, N, C)
+    const float* e = prefix.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) std::memcpy(out + b * (N + K) * C, e + b * N * C, N * C * sizeof(float));
+  }
+  const float* slots = slot_table.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t k = 0; k < K; ++k)
+      std::memcpy(out + (b * (N + K) + N + k) * C, slots + std::min(len[b] + k + offset, last) * C, C * sizeof(float));
+  return {x, limits, write_at};
+}
+
 // The fused layers' GELU over x, a new tensor (for tests and docs/probes/gelu_erf.py)
 at::Tensor gelu(at::Tensor x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && !x.is_cuda(), "gelu: float32 values on CPU");
@@ -1435,6 +1497,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fairseq's exact GELU as the fused layers compute it (8 floats at a time), float32 on CPU");
   m.def("top1", &top1, pybind11::arg("x"),
         "the index torch.topk(x, 2) gives first in every row of x (..., V), float32 on CPU");
+  m.def("spec_block_inputs", &spec_block_inputs, pybind11::arg("tokens"), pybind11::arg("lengths"),
+        pybind11::arg("cached"), pybind11::arg("most_new"), pybind11::arg("block"), pybind11::arg("pad"),
+        pybind11::arg("capacity"), pybind11::arg("token_table"), pybind11::arg("position_table"),
+        pybind11::arg("scale"), pybind11::arg("offset"), pybind11::arg("last"), pybind11::arg("slot_table"),
+        "a Spec-Drafter pass's inputs in the fused layers: (x (B, N + K, C), limits, write_at (B, N + K))");
   m.def("top_gap", &top_gap, pybind11::arg("x"), pybind11::arg("proposal"), pybind11::arg("beta"),
         "whether each draft (B, K) is among torch.topk(x[b, t], beta)'s indices, and the largest value less "
         "the draft's, for t < K of x (B, T, V), float32 on CPU");
