@@ -3,7 +3,7 @@ and ``panel_linear``, the linear layer for a few rows on weights packed once, in
 bfloat16; ``FusedDecoder``, a decoder's layers in one call; ``embed_rows``, a decoder's plain
 input; ``top1``, the greedy token of each row of a verifier's log-probabilities; ``top_gap``,
 SpecDec's top-beta test of a block's drafts; ``ensemble_confidence``, CM-ASD's confidence of a
-drafter's logits), compiled on first use.
+drafter's logits; ``spec_block_inputs``, a Spec-Drafter pass's inputs), compiled on first use.
 
 ``torch.utils.cpp_extension`` builds it once per machine into torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``; 30-50 s on two

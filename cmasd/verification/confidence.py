@@ -115,10 +115,11 @@ def _ensemble(spec: ConfidenceSpec, logits: Tensor) -> Tensor:
     the logit margin z(1) - z(2) is the log-probability margin (the normaliser cancels)
     and P(1), P(2) are the exponentials of the top-2 log-probabilities. Float32 logits on a
     CPU go to the C++ extension's ``ensemble_confidence`` where this process has loaded it
-    (``extension.loaded``): two passes over each row instead of about eight operators (at
-    batch 1 over 8 slots of 8,001 pieces, docs/results/kernels.md), the same scores to float
-    tolerance (its exponentials and sums are its own; a row's score is the same at any batch
-    size either way); a row with a value that is not finite goes to torch."""
+    (``extension.loaded``): two passes over each row instead of about eight operators (8 slots
+    of 8,001 pieces at batch 1: 207 us on torch's, 26 on the extension's;
+    docs/results/kernels.md), the same scores to float tolerance (its exponentials and sums
+    are its own; a row's score is the same at any batch size either way); a row with a value
+    that is not finite goes to torch."""
     l_ent, l_logit, l_soft = spec.weights
     module = extension.loaded()
     if (module is not None and logits.dtype == torch.float32 and logits.device.type == "cpu"

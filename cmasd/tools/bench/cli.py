@@ -493,7 +493,7 @@ def without_missing_engines(configs: Sequence[BenchConfig], device: torch.device
 
     def why(config: BenchConfig) -> Optional[str]:
         if config.speculative and config.overrides.get("spec_cuda_graphs", False):
-            return reasons["graphs"] if "graphs" in reasons else None
+            return reasons.get("graphs")
         if config.speculative and config.overrides.get("spec_drafter_quantize") == "bf16":
             if "bf16" not in reasons:
                 reasons["bf16"] = bf16_obstacle()
