@@ -110,7 +110,7 @@ esac
 
 PROFILE="${DEMO_PROFILE:-short}"
 # the rows of the draft model: lossless, its 2,000-piece shortlist, gamma 4 on bfloat16 weights
-# and the cost-aware controller (cmasd-bench --list-configs); the short profile's drafters draft
+# and the cost-aware controller (cmasd-bench --configs help); the short profile's drafters draft
 # the same way, among the 2,000 pieces on bfloat16 weights: the cheapest drafts on a CPU
 # (docs/results/demo.md; where the C++ kernels cannot run, the bench skips those rows and says so)
 DRAFT_MODEL_ROWS="ar-g4-exact-sl2000-bf16,goodput-ar-sl2000"
