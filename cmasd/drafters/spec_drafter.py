@@ -238,15 +238,15 @@ class SpecDrafter(ModelDrafter):
         default k_max) runs fewer slots through the layers: cheaper, but the slots then
         see a shorter block than in training.
         """
-        bsz, width = tokens.shape
+        bsz = tokens.size(0)
         block = self.block_size if block is None else block
         slots = block if slots is None else slots
         if not 1 <= slots <= block <= self.block_size:
             raise ValueError(f"need 1 <= slots ({slots}) <= block ({block}) <= k_max ({self.block_size})")
         capacity = state.capacity
         device = tokens.device
-        grown = lengths - state.cached  # (B,)
         if shapes is None:  # one host read
+            grown = lengths - state.cached  # (B,)
             shapes = torch.stack([grown.max(), grown.min(), lengths.max()]).tolist()
         most_new, least_new, longest = shapes
         if least_new < 0:
@@ -295,9 +295,9 @@ class SpecDrafter(ModelDrafter):
         if self.slot_table is None:  # a slot's input at each fairseq position, made once
             self.slot_table = embedding.slot_inputs(
                 torch.arange(embedding.last_position + 1, device=tokens.device)[None])[0].contiguous()
-        tables = self.decoder.input_tables
-        if self.inputs_in_one_call and self.decoder.fused is not None and tables is not None \
-                and tables[0].dtype == torch.float32 and self.slot_table.dtype == torch.float32 and tokens.size(1) > 0:
+        tables = self.decoder.native_input_tables(tokens.device)
+        if self.inputs_in_one_call and tables is not None and self.slot_table.dtype == torch.float32 \
+                and tokens.size(1) > 0:
             return self.decoder.native.spec_block_inputs(
                 tokens, lengths, state.cached, most_new, block, self.padding_idx, state.capacity, tables[0],
                 tables[1], float(self.decoder.decoder.embed_scale), self.padding_idx + 1, embedding.last_position,

@@ -128,15 +128,22 @@ class DecodingDecoder:
             x += F.embedding(positions, position_table)
         return x
 
+    def native_input_tables(self, device: torch.device) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+        """``input_tables`` where the extension's ``embed_rows`` reads them (the layers run in C++
+        on a CPU, the input is plain, float32), else None."""
+        tables = self.input_tables
+        if self.fused is None or device.type != "cpu" or tables is None or tables[0].dtype != torch.float32:
+            return None
+        return tables
+
     def embed_from(self, tokens: Tensor, start: Tensor, offset: int, last: int) -> Tensor:
         """``embed`` of tokens (B, n) at fairseq positions ``start`` (B,) + ``offset`` onwards,
         each at most ``last``: one C++ call (``embed_rows``) where the layers run in C++ and
         the input is plain (the same values), else the positions' tensor, then ``embed``."""
-        if self.fused is not None and tokens.device.type == "cpu":  # the extension is loaded
-            tables = self.input_tables
-            if tables is not None and tables[0].dtype == torch.float32:
-                return self.native.embed_rows(tokens, start, tables[0], tables[1], float(self.decoder.embed_scale),
-                                              offset, last)
+        tables = self.native_input_tables(tokens.device)
+        if tables is not None:
+            return self.native.embed_rows(tokens, start, tables[0], tables[1], float(self.decoder.embed_scale),
+                                          offset, last)
         index = start[:, None] + torch.arange(tokens.size(1), device=tokens.device)[None, :]  # (B, n)
         return self.embed(tokens, (index + offset).clamp(max=last))
 
