@@ -36,11 +36,11 @@ def models(normalize_before, learned_pos):
     return verifier, TransformerModel.build_model(args, tiny_task(dictionary)).eval(), dictionary
 
 
-def two_drafts(drafter, source, tokens, lengths, request, fused):
+def two_drafts(drafter, source, tokens, lengths, request, fused, feeds=True):
     """Two draft calls as decoding makes them (the first feeds every row's prefix, the second
-    the tokens accepted since), with the C++ steps or without: the drafts and the final
-    cache's tensors."""
-    drafter.fused_greedy = fused
+    the tokens accepted since), with the C++ steps or without (``fused``), the feed in the same
+    C++ call or in one of its own (``feeds``): the drafts and the final cache's tensors."""
+    drafter.fused_greedy, drafter.feeds_in_greedy = fused, feeds
     with torch.no_grad():
         first, state = drafter.draft(drafter.start(source, CAPACITY), tokens, lengths, request)
         # rows accept 0 .. HORIZON of their drafts, then the verifier's token
@@ -73,22 +73,32 @@ def case(normalize_before, learned_pos, kernels, shortlisted, bsz):
 @pytest.mark.parametrize("bsz", [1, 7])
 def test_greedy_steps_in_one_call_draft_as_the_python_loop(normalize_before, learned_pos, kernels, shortlisted, bsz):
     drafter, source, tokens, lengths = case(normalize_before, learned_pos, kernels, shortlisted, bsz)
-    calls = []
+    calls, feeds = [], []
     steps = drafter.scorer.greedy_steps
-    drafter.scorer.greedy_steps = lambda *args: calls.append(steps(*args)) or calls[-1]
+
+    def counted(*args, **kw):
+        feeds.append("feed" in kw)
+        calls.append(steps(*args, **kw))
+        return calls[-1]
+
+    drafter.scorer.greedy_steps = counted
     request = DraftRequest(HORIZON, ConfidenceSpec(), logprobs=True)
     fused = two_drafts(drafter, source, tokens, lengths, request, True)
-    assert len(calls) == 2 and all(call is not None for call in calls)  # both calls ran in C++
+    # both calls ran in C++, each feeding its tokens there too
+    assert len(calls) == 2 and all(call is not None for call in calls) and feeds == [True, True]
+    fed_apart = two_drafts(drafter, source, tokens, lengths, request, True, feeds=False)
+    assert len(calls) == 4 and all(call is not None for call in calls) and feeds[2:] == [False, False]
     looped = two_drafts(drafter, source, tokens, lengths, request, False)
-    assert len(calls) == 2
-    for got, expected in zip(fused[:2], looped[:2]):
-        assert torch.equal(got.tokens, expected.tokens)
-        assert torch.equal(got.confidence, expected.confidence)  # computed from the same logits
-        assert torch.equal(got.logprobs, expected.logprobs)
-        assert got.valid is None and expected.valid is None
-    for got, expected in zip(fused[2], looped[2]):  # every draft's keys and values, where the loop wrote them
-        assert torch.equal(got, expected)
-    assert torch.equal(fused[3], looped[3])  # the drafts fed, kept where rows accept them
+    assert len(calls) == 4
+    for drafted in (fused, fed_apart):
+        for got, expected in zip(drafted[:2], looped[:2]):
+            assert torch.equal(got.tokens, expected.tokens)
+            assert torch.equal(got.confidence, expected.confidence)  # computed from the same logits
+            assert torch.equal(got.logprobs, expected.logprobs)
+            assert got.valid is None and expected.valid is None
+        for got, expected in zip(drafted[2], looped[2]):  # every draft's keys and values, where the loop wrote them
+            assert torch.equal(got, expected)
+        assert torch.equal(drafted[3], looped[3])  # the drafts fed, kept where rows accept them
     drafts = torch.cat([fused[0].tokens, fused[1].tokens])
     if shortlisted:
         assert torch.isin(drafts, drafter.shortlist.ids).all()
@@ -106,7 +116,7 @@ def test_greedy_steps_in_one_call_draft_as_the_python_loop(normalize_before, lea
 def test_sampling_and_early_stops_stay_in_the_python_loop(request_of):
     drafter, source, tokens, lengths = case(False, False, "gemv", False, 3)
     called = []
-    drafter.scorer.greedy_steps = lambda *args: called.append(1)
+    drafter.scorer.greedy_steps = lambda *args, **kw: called.append(1)
     with torch.no_grad():
         drafter.draft(drafter.start(source, CAPACITY), tokens, lengths, request_of(3))
     assert not called

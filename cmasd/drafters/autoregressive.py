@@ -119,6 +119,10 @@ class AutoregressiveDrafter(ModelDrafter):
     # them in one C++ call (the same values), for an in-process comparison
     # (docs/probes/interleaved_decodes.py --stepwise-greedy)
     fused_greedy = True
+    # False: the tokens fed before those steps go through ``BlockScorer.states`` first, a call of
+    # their own, where the C++ call can feed them itself (the same values), for an in-process
+    # comparison (docs/probes/interleaved_decodes.py --separate-feed)
+    feeds_in_greedy = True
 
     def __init__(self, model, kernels: str = "native", shares_encoder: bool = False,
                  shortlist: Optional[Shortlist] = None, graphs: Optional[Graphs] = None,
@@ -175,6 +179,18 @@ class AutoregressiveDrafter(ModelDrafter):
         cache = self.scorer.start(encoder_out, state.pending.capacity, source.tokens.size(0), state.pending.padded)
         return ARDrafterState(cache, state.cached)
 
+    def greedy_draft(self, state: ARDrafterState, lengths: Tensor, request: DraftRequest, drafted: Tensor,
+                     logits: Tensor) -> Tuple[Draft, ARDrafterState]:
+        """The draft of greedy steps run in one C++ call (``BlockScorer.greedy_steps``): their
+        tokens (B, H) and logits (B, H, V or N)."""
+        logprobs = None
+        if request.logprobs:  # those ``choose`` gives, step by step
+            logprobs = torch.stack([choose(logits[:, i], request, self.padding_idx, None, self.shortlist)[1]
+                                    for i in range(request.horizon)], dim=1)  # (B, H, V)
+        fed_drafts = drafted[:, : request.horizon - 1] if request.horizon > 1 else None
+        return (model_draft(logits, request, self.padding_idx, (drafted, logprobs)),
+                replace(state, cached=lengths, fed=fed_drafts))
+
     def kept(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor) -> Tensor:
         """How many of each row's tokens its cache holds (B,) (``ARDrafterState.reusable``)."""
         return state.reusable(tokens, lengths) if self.keeps_fed_drafts else state.cached
@@ -201,32 +217,32 @@ class AutoregressiveDrafter(ModelDrafter):
             fed, longest = torch.stack([(lengths - self.kept(state, tokens, lengths)).max(), lengths.max()]).tolist()
         else:  # read by the loop (``shapes``)
             (fed,), longest = request.shapes, request.longest
+        # greedy drafting to the horizon: every step in one C++ call where it runs them
+        greedy_now = (request.sampling is None and request.stop_below is None and request.horizon >= 1
+                      and self.keeps_fed_drafts and self.fused_greedy)
+        ids = None if self.shortlist is None else self.shortlist.ids
+        # the fed block ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0)
+        end = max(longest, fed)
+        if greedy_now and self.feeds_in_greedy:  # the feed in that call too
+            greedy = self.scorer.greedy_steps(state.cache, None, lengths, longest, request.horizon, ids,
+                                              feed=(tokens, fed, end))
+            if greedy is not None:
+                return self.greedy_draft(state, lengths, request, *greedy)
         start = (lengths - fed).clamp(min=0)  # (B,)
         index = (start[:, None] + torch.arange(fed, device=tokens.device)).clamp(max=width - 1)  # (B, fed)
-        # the fed block ends at max(lengths, fed) (a row shorter than ``fed`` starts at 0);
         # the output projection (most of a step's cost) runs on each row's last token only:
         # logits over the vocabulary (V), or over the shortlist's N pieces
-        states = self.scorer.states(state.cache, tokens.gather(1, index), start, end=max(longest, fed))  # (B, fed, C)
+        states = self.scorer.states(state.cache, tokens.gather(1, index), start, end=end)  # (B, fed, C)
         if fed == 1:  # at a steady state: each row's last token is the block
             last_states = states  # (B, 1, C)
         elif self.keeps_fed_drafts:
             last_states = states[torch.arange(bsz, device=tokens.device), lengths - 1 - start][:, None]  # (B, 1, C)
         else:  # every fed token projected (the comparison of ``keeps_fed_drafts``)
             last_states = None
-        if (request.sampling is None and request.stop_below is None and request.horizon >= 1 and last_states is not None
-                and self.fused_greedy):
-            # greedy drafting to the horizon: every step in one C++ call where it runs them
-            greedy = self.scorer.greedy_steps(state.cache, last_states, lengths, longest, request.horizon,
-                                              None if self.shortlist is None else self.shortlist.ids)
+        if greedy_now:
+            greedy = self.scorer.greedy_steps(state.cache, last_states, lengths, longest, request.horizon, ids)
             if greedy is not None:
-                drafted, logits = greedy  # (B, H), (B, H, V or N)
-                logprobs = None
-                if request.logprobs:  # those ``choose`` gives, step by step
-                    logprobs = torch.stack([choose(logits[:, i], request, self.padding_idx, None, self.shortlist)[1]
-                                            for i in range(request.horizon)], dim=1)  # (B, H, V)
-                fed_drafts = drafted[:, : request.horizon - 1] if request.horizon > 1 else None
-                return (model_draft(logits, request, self.padding_idx, (drafted, logprobs)),
-                        replace(state, cached=lengths, fed=fed_drafts))
+                return self.greedy_draft(state, lengths, request, *greedy)
         if last_states is not None:
             last = self.scorer.decoder.logits(last_states)[:, 0]  # (B, V or N)
         else:

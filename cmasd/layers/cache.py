@@ -181,27 +181,40 @@ class BlockScorer:
         states, ragged = self.ragged_states(cache, tokens, start, valid, lower, end)
         return states, self.decoder.logits(states), ragged
 
-    def greedy_steps(self, cache: VerifierCache, last: Tensor, lengths: Tensor, longest: int, steps: int,
-                     ids: Optional[Tensor] = None) -> Optional[Tuple[Tensor, Tensor]]:
+    def greedy_steps(self, cache: VerifierCache, last: Optional[Tensor], lengths: Tensor, longest: int, steps: int,
+                     ids: Optional[Tensor] = None,
+                     feed: Optional[Tuple[Tensor, int, int]] = None) -> Optional[Tuple[Tensor, Tensor]]:
         """A draft model's greedy steps in one C++ call (``FusedDecoder.greedy``), or None where
         it does not run them (the caller then loops over ``score``). ``last`` (B, 1, C): each
         row's states at its last token (index ``lengths - 1``); step i drafts the argmax of the
         logits after the token before it (mapped through a shortlist's vocabulary ``ids`` (N,)
         where given), having fed step i - 1's token at index ``lengths + i - 1`` (attending up to
         ``longest + i``). Returns the tokens (B, steps) and the logits (B, steps, V or N): the
-        values of ``score`` called step by step, as ``AutoregressiveDrafter.draft`` did."""
+        values of ``score`` called step by step, as ``AutoregressiveDrafter.draft`` did.
+
+        ``feed``: (tokens (B, W), fed, end) in place of ``last``: the same call first feeds each
+        row's last ``fed`` tokens as ``states`` does (from index ``max(lengths - fed, 0)``, the
+        block's attention spanning ``end`` positions) and drafts from the state at its last
+        token (the same values); None where the fused layers do not take that block whole."""
         dec = self.decoder
         tables = dec.input_tables
-        if last.device.type != "cpu" or last.dtype != torch.float32 or tables is None or tables[0].dtype != torch.float32:
+        like = lengths if last is None else last
+        if (like.device.type != "cpu" or (last is not None and last.dtype != torch.float32) or tables is None
+                or tables[0].dtype != torch.float32):
             return None
-        head = dec.fused_head(last.size(0))
+        head = dec.fused_head(lengths.size(0))
         if head is None or longest + steps - 1 > cache.capacity:
             return None
+        feed_tokens, fed, feed_used = None, 0, 0
+        if feed is not None:
+            feed_tokens, fed, feed_used = feed
+            if fed < 1 or feed_used > cache.capacity or not dec.takes_whole(lengths.size(0), fed):
+                return None
         norm_weight, norm_bias, eps, panels, bias = head
         tokens, logits = dec.fused.greedy(
             last, steps, lengths, longest, cache.kv, [k for k, _ in cache.cross], [v for _, v in cache.cross],
             cache.cross_bias, tables[0], tables[1], float(dec.decoder.embed_scale), self.padding_idx + 1,
-            self.last_position, norm_weight, norm_bias, eps, panels, bias, ids)
+            self.last_position, norm_weight, norm_bias, eps, panels, bias, ids, feed_tokens, fed, feed_used)
         return tokens, logits
 
     def embed(self, tokens: Tensor, start: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ from typing import Any, Optional, Tuple
 logger = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "decoding.cpp")
-NAME = "cmasd_decoding_v14"  # a new name when the source's interface changes
+NAME = "cmasd_decoding_v15"  # a new name when the source's interface changes
 # torch's build lock older than this was left by a build that was killed (a build takes
 # under a minute; the lock is never released then, and every later process waits on it forever)
 STALE_LOCK_SECONDS = 600.0

@@ -305,12 +305,13 @@ class GraphedScorer(BlockScorer):
             return super().score(cache, tokens, start, lower, end)
         return self.replayed(cache, tokens, start, end)[1]
 
-    def greedy_steps(self, cache: VerifierCache, last: Tensor, lengths: Tensor, longest: int, steps: int,
-                     ids: Optional[Tensor] = None) -> Optional[Tuple[Tensor, Tensor]]:
+    def greedy_steps(self, cache: VerifierCache, last: Optional[Tensor], lengths: Tensor, longest: int, steps: int,
+                     ids: Optional[Tensor] = None,
+                     feed: Optional[Tuple[Tensor, int, int]] = None) -> Optional[Tuple[Tensor, Tensor]]:
         """None on an arena (its steps replay recordings, one ``score`` each)."""
         if isinstance(cache, ArenaCache):
             return None
-        return super().greedy_steps(cache, last, lengths, longest, steps, ids)
+        return super().greedy_steps(cache, last, lengths, longest, steps, ids, feed)
 
     def replays(self, cache: VerifierCache, tokens: Tensor, valid: Optional[Tensor],
                 lower: Optional[LowerLayers]) -> bool:

@@ -17,6 +17,9 @@ configuration's Spec-Drafter passes layer by layer, never in the fused C++ layer
 before 2026-12-07's thirtieth session); `--stepwise-greedy CONFIG` drafts that configuration's
 greedy draft-model steps one `score` call at a time from Python, never in one C++ call
 (`AutoregressiveDrafter.fused_greedy` off: the behaviour before the thirty-first session);
+`--separate-feed CONFIG` feeds that configuration's draft model its tokens in a call of their own
+before the one C++ call of its greedy steps (`AutoregressiveDrafter.feeds_in_greedy` off: the
+behaviour before the thirty-third session);
 `--operator-inputs CONFIG` builds that configuration's fused Spec-Drafter passes' inputs with
 torch's operators, not in one C++ call (`SpecDrafter.inputs_in_one_call` off: the behaviour before
 the thirty-second session); `--rows CONFIG=N` decodes that configuration with
@@ -106,6 +109,8 @@ def main():
                     help="a configuration given, to run with its Spec-Drafter's passes layer by layer")
     ap.add_argument("--stepwise-greedy", action="append", default=[],
                     help="a configuration given, to run with its draft model's greedy steps looped in Python")
+    ap.add_argument("--separate-feed", action="append", default=[],
+                    help="a configuration given, to run with its draft model's feed in a call before its greedy steps")
     ap.add_argument("--operator-inputs", action="append", default=[],
                     help="a configuration given, to run with its Spec-Drafter's pass inputs built by torch's operators")
     ap.add_argument("--rows", action="append", default=[],
@@ -170,6 +175,10 @@ def main():
             for model in drafters_of(generator.drafter, AutoregressiveDrafter):
                 model.fused_greedy = False
             name = spec + " (stepwise greedy)"
+        elif spec in a.separate_feed and spec + " (separate feed)" not in names:
+            for model in drafters_of(generator.drafter, AutoregressiveDrafter):
+                model.feeds_in_greedy = False
+            name = spec + " (separate feed)"
         elif spec in a.operator_inputs and spec + " (operator inputs)" not in names:
             for model in drafters_of(generator.drafter, SpecDrafter):
                 model.inputs_in_one_call = False

@@ -998,20 +998,71 @@ class FusedDecoder {
   // positions < longest + i, its keys and values written into the cache. The same calls on the
   // same shapes as the Python loop it replaces (AutoregressiveDrafter.draft), so the same
   // values. Returns the tokens (B, steps) int64 and the logits (B, steps, N).
-  std::vector<at::Tensor> greedy(const at::Tensor& last, int64_t steps, const at::Tensor& lengths, int64_t longest,
+  //
+  // With ``feed_tokens`` (B, W) int64, the feed before the steps runs here too, as the Python
+  // feed (AutoregressiveDrafter.draft, BlockScorer.states) runs it: each row's last ``fed``
+  // tokens (start = max(lengths - fed, 0), token indices start + j, at most W - 1) through the
+  // layers at sequence index start onwards (embed_rows, then ``states``, causal, seeing cache
+  // positions < ``feed_used``); ``last`` is then each row's state at its last token (index
+  // lengths - 1 - start of the fed block), and the ``last`` given is not read (None).
+  std::vector<at::Tensor> greedy(const c10::optional<at::Tensor>& given_last, int64_t steps, const at::Tensor& lengths,
+                                 int64_t longest,
                                  const std::vector<at::Tensor>& kv, const std::vector<at::Tensor>& cross_k,
                                  const std::vector<at::Tensor>& cross_v, const c10::optional<at::Tensor>& cross_bias,
                                  const at::Tensor& token_table, const c10::optional<at::Tensor>& position_table,
                                  double scale, int64_t offset, int64_t last_position,
                                  const c10::optional<at::Tensor>& norm_weight,
                                  const c10::optional<at::Tensor>& norm_bias, double eps, const at::Tensor& panels,
-                                 const at::Tensor& bias, const c10::optional<at::Tensor>& ids) {
-    TORCH_CHECK(last.dim() == 3 && last.size(1) == 1 && last.scalar_type() == at::kFloat && !last.is_cuda(),
-                "FusedDecoder.greedy: last (B, 1, C) float32 on the CPU");
+                                 const at::Tensor& bias, const c10::optional<at::Tensor>& ids,
+                                 const c10::optional<at::Tensor>& feed_tokens, int64_t fed, int64_t feed_used) {
     TORCH_CHECK(steps >= 1, "FusedDecoder.greedy: steps >= 1");
-    const int64_t B = last.size(0);
-    TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B && lengths.scalar_type() == at::kLong && !lengths.is_cuda(),
+    TORCH_CHECK(lengths.dim() == 1 && lengths.scalar_type() == at::kLong && !lengths.is_cuda(),
                 "FusedDecoder.greedy: lengths (B,) int64 on the CPU");
+    const int64_t B = lengths.size(0);
+    at::Tensor last;
+    if (feed_tokens.has_value() && feed_tokens->defined()) {
+      const at::Tensor& tokens = *feed_tokens;
+      TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == B && tokens.size(1) >= 1 &&
+                  tokens.scalar_type() == at::kLong && !tokens.is_cuda() && fed >= 1,
+                  "FusedDecoder.greedy: feed tokens (B, W) int64 on the CPU and fed >= 1");
+      const int64_t W = tokens.size(1), C = width_;
+      const auto lens = lengths.contiguous(), toks = tokens.contiguous();
+      const int64_t* lp = lens.data_ptr<int64_t>();
+      const int64_t* tp = toks.data_ptr<int64_t>();
+      at::Tensor start = at::empty({B}, lengths.options()), chosen = at::empty({B, fed}, lengths.options());
+      at::Tensor positions = at::empty({B, fed}, lengths.options());
+      int64_t* sp = start.data_ptr<int64_t>();
+      int64_t* cp = chosen.data_ptr<int64_t>();
+      int64_t* pp = positions.data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b) {
+        sp[b] = std::max<int64_t>(lp[b] - fed, 0);
+        for (int64_t j = 0; j < fed; ++j) {
+          cp[b * fed + j] = tp[b * W + std::min(sp[b] + j, W - 1)];  // token index start + j, at most W - 1
+          pp[b * fed + j] = sp[b] + j;
+        }
+      }
+      const at::Tensor input = embed_rows(chosen, start, token_table, position_table, scale, offset,
+                                          last_position);  // (B, fed, C)
+      const at::Tensor fed_states = states(input, kv, positions, feed_used, c10::nullopt, cross_k, cross_v, cross_bias,
+                                           true, c10::nullopt);  // (B, fed, C)
+      if (fed == 1) {
+        last = fed_states;
+      } else {  // each row's state at its last token
+        last = at::empty({B, 1, C}, fed_states.options());
+        const float* fs = fed_states.data_ptr<float>();
+        float* ls = last.data_ptr<float>();
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t t = lp[b] - 1 - sp[b];
+          TORCH_CHECK(t >= 0 && t < fed, "FusedDecoder.greedy: a row's last token outside the fed block");
+          std::copy(fs + (b * fed + t) * C, fs + (b * fed + t + 1) * C, ls + b * C);
+        }
+      }
+    } else {
+      TORCH_CHECK(given_last.has_value() && given_last->defined(), "FusedDecoder.greedy: last or the feed's tokens");
+      last = *given_last;
+    }
+    TORCH_CHECK(last.dim() == 3 && last.size(0) == B && last.size(1) == 1 && last.scalar_type() == at::kFloat &&
+                !last.is_cuda(), "FusedDecoder.greedy: last (B, 1, C) float32 on the CPU");
     const bool normed = norm_weight.has_value() && norm_weight->defined();
     const bool mapped = ids.has_value() && ids->defined();
     std::vector<at::Tensor> tokens, logits;
@@ -1524,6 +1575,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("cross_bias"), pybind11::arg("token_table"), pybind11::arg("position_table"),
            pybind11::arg("scale"), pybind11::arg("offset"), pybind11::arg("last_position"),
            pybind11::arg("norm_weight"), pybind11::arg("norm_bias"), pybind11::arg("eps"), pybind11::arg("panels"),
-           pybind11::arg("bias"), pybind11::arg("ids"),
-           "a draft model's greedy steps from its last states (B, 1, C): (tokens (B, steps), logits (B, steps, N))");
+           pybind11::arg("bias"), pybind11::arg("ids"), pybind11::arg("feed_tokens") = pybind11::none(),
+           pybind11::arg("fed") = 0, pybind11::arg("feed_used") = 0,
+           "a draft model's greedy steps from its last states (B, 1, C), or after feeding its last tokens: "
+           "(tokens (B, steps), logits (B, steps, N))");
 }
