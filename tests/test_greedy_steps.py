@@ -137,3 +137,37 @@ def test_a_final_norm_without_weights_stays_in_the_python_loop():
     assert BlockScorer(model.decoder, "gemv").decoder.fused_head(1)[0] is not None  # an affine norm runs in C++
     model.decoder.layer_norm = torch.nn.LayerNorm(16, elementwise_affine=False)
     assert BlockScorer(model.decoder, "gemv").decoder.fused_head(1) is None
+
+
+@pytest.mark.parametrize("bsz", [1, 7, 16])
+def test_the_feed_width_in_one_call_is_the_python_count(bsz):
+    """``feed_width`` (``AutoregressiveDrafter.shapes`` on a CPU): the most, over the rows that go
+    on, of the tokens past each row's reusable cache positions (``ARDrafterState.reusable``),
+    with drafts fed last time that rows accepted all, some or none of, near the tokens' end, and
+    none fed at all."""
+    from cmasd.drafters.autoregressive import ARDrafterState
+    from cmasd.layers import extension
+
+    module = extension.load()[0]
+    gen = torch.Generator().manual_seed(bsz)
+    width, drafts = 12, 3
+    cases = 0
+    for trial in range(40):
+        tokens = torch.randint(4, 9, (bsz, width), generator=gen)
+        lengths = torch.randint(1, width + 1, (bsz,), generator=gen)
+        cached = (lengths - torch.randint(1, 5, (bsz,), generator=gen)).clamp(min=0)
+        fed = None
+        if trial % 4:  # the drafts fed last time: the row's own tokens there, one of them changed in some rows
+            index = (cached[:, None] + torch.arange(drafts)).clamp(max=width - 1)
+            fed = tokens.gather(1, index)
+            changed = torch.randint(0, drafts + 1, (bsz,), generator=gen)  # drafts: none changed
+            for row, at in enumerate(changed.tolist()):
+                if at < drafts:
+                    fed[row, at] = 3
+        going = torch.rand(bsz, generator=gen) < (0.0 if trial == 5 else 0.7)
+        state = ARDrafterState(None, cached, None, fed)
+        expected = torch.where(going, lengths - state.reusable(tokens, lengths), 0).max()[None]
+        got = module.feed_width(tokens, lengths, cached, fed, going)
+        assert torch.equal(got, expected), (trial, tokens, lengths, cached, fed, going)
+        cases += int(expected) > 1
+    assert cases > 5  # rows that feed more than their last token

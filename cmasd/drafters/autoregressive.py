@@ -32,6 +32,7 @@ from fairseq.models.transformer import TransformerModelBase
 from fairseq.models.transformer_lm import TransformerLanguageModel
 from torch import Tensor
 
+from cmasd.layers import extension
 from cmasd.layers.prepared import encoder_of
 from cmasd.layers.cache import BlockScorer, VerifierCache
 from cmasd.layers.graphs import CudaGraphs, GraphedScorer, Graphs
@@ -196,7 +197,12 @@ class AutoregressiveDrafter(ModelDrafter):
         return state.reusable(tokens, lengths) if self.keeps_fed_drafts else state.cached
 
     def shapes(self, state: ARDrafterState, tokens: Tensor, lengths: Tensor, going: Tensor) -> Tensor:
-        """How many tokens the next call feeds: (1,), the most of the rows that go on."""
+        """How many tokens the next call feeds: (1,), the most of the rows that go on. One C++
+        call on a CPU where this process has loaded the extension (``feed_width``, the same
+        count)."""
+        module = extension.loaded()
+        if module is not None and self.keeps_fed_drafts and tokens.device.type == "cpu":
+            return module.feed_width(tokens, lengths, state.cached, state.fed, going)
         return torch.where(going, lengths - self.kept(state, tokens, lengths), 0).max()[None]
 
     @torch.no_grad()
