@@ -1,8 +1,9 @@
-"""A draft model's greedy draft call (``AutoregressiveDrafter.draft``) with its steps in one C++
-call (``BlockScorer.greedy_steps``) and looped in Python (``fused_greedy`` off), alternating: the
-drafts of both equal (tokens, confidences), and ms per call, hot (the same steady-state call,
-one token fed and ``--horizon`` drafted, 1,000 times after 100), on the first batch of the test
-split (docs/results/speculation-pays.md, "thirty-first session").
+"""A draft model's greedy draft call (``AutoregressiveDrafter.draft``) with its feed and steps in one
+C++ call (``BlockScorer.greedy_steps`` with ``feed``), its feed in a call of its own before that one
+(``feeds_in_greedy`` off), and its steps looped in Python (``fused_greedy`` off), alternating:
+whether the drafts of all three are equal (tokens), and ms per call, hot (the same steady-state
+call, one token fed and ``--horizon`` drafted, 1,000 times after 100), on the first batch of the
+test split (docs/results/speculation-pays.md, "thirty-first session" and "thirty-third session").
 
     .venv/bin/python docs/probes/greedy_steps.py DATA AR_DRAFTER.pt COUNTS.txt \
         [--config "g4bf16:base=ar-g4-exact-sl2000;spec_drafter_quantize=bf16"] [--batch-size 1] [--rounds 2]
@@ -49,25 +50,26 @@ def main():
     lengths = torch.randint(3, 15, (bsz,))
     request = dataclasses.replace(generator.request, horizon=a.horizon)
     steady = dataclasses.replace(request, shapes=(1,), longest=int(lengths.max()) + 3)
-    drafts, times = {}, {True: [], False: []}
+    ways = {"one call": (True, True), "feed apart": (True, False), "Python loop": (False, True)}
+    drafts, times = {}, {way: [] for way in ways}
     with torch.no_grad():
         for _ in range(a.rounds):
-            for fused in (True, False):
-                drafter.fused_greedy = fused
+            for way, (fused, feeds) in ways.items():
+                drafter.fused_greedy, drafter.feeds_in_greedy = fused, feeds
                 state = drafter.start(source, 64)
                 first, state = drafter.draft(state, tokens, lengths, request)  # the whole prefix fed
                 second, state = drafter.draft(state, tokens, lengths + 2, request)
-                drafts[fused] = (first, second)
+                drafts[way] = (first, second)
                 for _ in range(100):
                     drafter.draft(state, tokens, lengths + 3, steady)
                 t0 = time.perf_counter()
                 for _ in range(1000):
                     drafter.draft(state, tokens, lengths + 3, steady)
-                times[fused].append(time.perf_counter() - t0)  # s for 1,000 calls = ms a call
-    same = all(torch.equal(x.tokens, y.tokens) for x, y in zip(drafts[True], drafts[False]))
-    print(f"{a.config}, batch {bsz}, horizon {a.horizon}: one C++ call "
-          f"{', '.join(f'{t:.3f}' for t in times[True])} ms, Python loop {', '.join(f'{t:.3f}' for t in times[False])} "
-          f"ms a draft call; drafts equal: {same}")
+                times[way].append(time.perf_counter() - t0)  # s for 1,000 calls = ms a call
+    same = all(torch.equal(x.tokens, y.tokens) for other in ways for x, y in zip(drafts["one call"], drafts[other]))
+    print(f"{a.config}, batch {bsz}, horizon {a.horizon}, ms a draft call: "
+          + "; ".join(f"{way} {', '.join(f'{t:.3f}' for t in times[way])}" for way in ways)
+          + f"; drafts equal: {same}")
 
 
 if __name__ == "__main__":
