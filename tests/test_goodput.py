@@ -369,7 +369,7 @@ def test_an_iteration_said_to_idle_next_plans_nothing(correction, monkeypatch):
 
 
 def run_batches(monkeypatch, fold_max: int, finishing: bool, correction: str, batches: int = 24):
-    """Plans of goodput over ``batches`` batches of 37-41 iterations (rows 4, 7 and 16 in
+    """Plans of goodput over ``batches`` batches of 37-41 iterations (rows 4, 7, 16 and 1 in
     turn; drafts accepted in every sixth batch only; with ``finishing``, a row finishing
     every ninth iteration), idle iterations folded into one update, ``fold_max`` at a time
     (0: none), each taking what the table says times a factor that changes from batch to
@@ -385,7 +385,7 @@ def run_batches(monkeypatch, fold_max: int, finishing: bool, correction: str, ba
     sent = []
     for batch in range(batches):
         accepting, clock.idle = batch % 6 == 5, [1.0, 1.4, 0.8, 1.1][batch % 4]
-        state = goodput.start([4, 7, 16][batch % 3], torch.device("cpu"))
+        state = goodput.start([4, 7, 16, 1][batch % 4], torch.device("cpu"))
         for i in range(37 + batch % 5):  # batches ending at and between multiples of the probe period
             clock.state = state
             k = state.plan

@@ -133,14 +133,16 @@ hundred multiply-adds) before drafting, so the drafter drafts only the longest k
 (``budget``), and nothing at all when every row is planned at 0. An iteration in which no
 row drafted changes no estimate, so the plan stands and is not made again, unless a row
 probes or so many rows have finished that the power of two of the rows active changed
-(planning 16 rows takes about a tenth of an iteration's bookkeeping). Such an iteration of
-several rows changes nothing but the clock, and where no probe is due and no row has finished
+(planning 16 rows takes about a tenth of an iteration's bookkeeping). Such an iteration
+changes nothing but the clock, and where no probe is due and no row has finished
 since it was timed, it is folded (``folds``): the state stands, its end is read from the clock,
 and up to ``FOLD_MAX`` such iterations make one verdict and correction update when the next
 iteration is timed or the next batch starts (``unfold``), their mean weighed as that many
 iterations would be. At batch 16 on newstest2014, where drafting fails, an idle
 goodput's bookkeeping took 45-70 us of an iteration of about 2.2 ms more than the loop's;
-folding saves about 20 of them (docs/results/speculation-pays.md, twenty-ninth session).
+folding saves about 20 of them (docs/results/speculation-pays.md, twenty-ninth session); at
+batch 1, where an idle goodput cost about 17 us of an iteration of about 0.95 ms, about 10
+(thirty-third session).
 """
 
 import functools
@@ -175,7 +177,7 @@ POSITION_PRIOR = 4.0  # drafts' worth of the pooled acceptance each position's e
 ACCEPTANCE_MODELS = ("geometric", "positional")
 PROBE_CAP = 64  # a probe period grows to at most this many times --goodput-probe-every
 IDLE_MARGIN = 0.8  # a bound on plans known to idle is tried at this times the drafting weight it was found at
-FOLD_MAX = 16  # idle iterations of several rows folded into one update at most (``Goodput.folds``)
+FOLD_MAX = 16  # idle iterations folded into one update at most (``Goodput.folds``)
 
 
 @dataclass
@@ -476,7 +478,7 @@ class Goodput(Controller):
         return kind == 0 and self.timed[b][0] == TIMING_MIN
 
     def folds(self, state: "GoodputState", rows: int) -> bool:
-        """Whether the idle iteration of ``rows`` > 1 rows just ended (planned in ``state``,
+        """Whether the idle iteration of ``rows`` rows just ended (planned in ``state``,
         nothing sent) leaves the state as it was but for its clock, so that ``observe_read``
         returns ``state`` itself and the iteration is timed with those folded with it
         (``unfold``): the clock is running, the rows are those the prediction was made for (none finished
@@ -625,7 +627,7 @@ class Goodput(Controller):
         and ``kept`` None: not read (``hears_counts``: every row was planned at 0)."""
         rows = len(state.planned)
         if not state.drafts:  # every row was planned at 0: nothing was sent, nothing is learnt
-            if rows > 1 and self.folds(state, rows):  # timed with the next iteration (or the next batch's start)
+            if self.folds(state, rows):  # timed with the next iteration (or the next batch's start)
                 self.iterations += 1
                 self.folded += 1
                 self.fold_state, self.fold_end = state, time.perf_counter()
