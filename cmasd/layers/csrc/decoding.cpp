@@ -1334,7 +1334,6 @@ at::Tensor feed_width(at::Tensor tokens, at::Tensor lengths, at::Tensor cached, 
   return out;
 }
 
-
 at::Tensor top1(at::Tensor x) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat && !x.is_cuda() && x.size(-1) > 0,
               "top1: float32 values (..., V) on CPU, V > 0");
