@@ -218,6 +218,44 @@ def test_idle_rows_of_a_batch_probe_at_the_same_iterations():
         [4, 4], [4, 4], [4, 4], [0, 4], [4, 0], [0, 0], [0, 0], [0, 0], [4, 4]]
 
 
+@pytest.mark.needs_extension
+def test_the_idle_rule_in_one_call_updates_rows_as_the_operators_do(monkeypatch):
+    """``Idle.observe`` on a CPU where the extension is loaded (``idle_observe``): the same
+    averages, iteration counts, resume points and periods as the operators, bit for bit, over
+    random streams of sent and accepted counts at batch 1, 7 and 16 and several thresholds and
+    periods (rows going idle, probes failing and paying); and the hand-made sequences above
+    through it."""
+    import cmasd.verification.history as history
+    from cmasd.layers import extension
+
+    assert extension.load()[1] is None and extension.loaded() is not None
+    gen = torch.Generator().manual_seed(0)
+    stops = doubled = 0
+    for below, every in [(1.0, 16), (0.75, 3), (2.3, 1), (1.0 / 3, 5)]:
+        idle = Idle(below, every)
+        for bsz in (1, 7, 16):
+            state = idle.start(bsz, 4.0, torch.device("cpu"))
+            for _ in range(200):
+                # rows send their budget (0 while idle) or, now and then, something else
+                budget = Idle.budget(state, torch.full((bsz,), 5))
+                proposed = torch.where(torch.rand(bsz, generator=gen) < 0.9, budget,
+                                       torch.randint(0, 6, (bsz,), generator=gen))
+                accepted = torch.minimum(torch.randint(0, 3, (bsz,), generator=gen), proposed)
+                got = idle.observe(state, proposed, accepted)
+                with monkeypatch.context() as patch:
+                    patch.setattr(history.extension, "loaded", lambda: None)
+                    expected = idle.observe(state, proposed, accepted)
+                for name in ("payoff", "step", "resume", "period"):
+                    assert torch.equal(getattr(got, name), getattr(expected, name)), (below, every, bsz, name)
+                stops += int((got.resume > state.resume).sum())
+                doubled += int((got.period > state.period).sum())
+                state = got
+    assert stops > 100 and doubled > 20
+    test_a_row_whose_drafts_do_not_pay_drafts_nothing_then_probes()
+    test_failed_probes_double_the_idle_period()
+    test_idle_rows_of_a_batch_probe_at_the_same_iterations()
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: Idle(-1.0, 2), "--spec-idle-below: must be >= 0"),
     (lambda: Idle(1.0, 0), "--spec-probe-every: must be >= 1"),

@@ -46,6 +46,7 @@ from torch import Tensor
 from cmasd.core.drafting import Draft, chosen_probability
 from cmasd.core.verifying import Controller, Needs, RowState
 from cmasd.errors import UsageError
+from cmasd.layers import extension
 from cmasd.verification.base import DraftLengthOptions, largest_k, within
 from cmasd.verification.confidence import ScaledLengthOptions
 
@@ -171,6 +172,13 @@ class Idle:
         return budget.masked_fill(state.step < state.resume, 0)
 
     def observe(self, state: IdleState, proposed: Tensor, accepted: Tensor) -> IdleState:
+        """The iteration's counts in each row's state: one C++ call on a CPU where this process
+        has loaded the extension (``idle_observe``: the same arithmetic, the same values; about
+        twelve operators cost 80 us an iteration at batch 1), else the operators below."""
+        module = extension.loaded()
+        if module is not None and proposed.device.type == "cpu" and state.payoff.dtype == torch.float32:
+            return IdleState(*module.idle_observe(state.payoff, state.step, state.resume, state.period, proposed.long(),
+                                                  accepted.long(), self.WEIGHT, self.below, self.every))
         drafted = proposed > 0  # (B,) an iteration that tells whether drafting pays
         payoff = torch.where(drafted, (1 - self.WEIGHT) * state.payoff + self.WEIGHT * accepted.float(), state.payoff)
         step = state.step + 1  # (B,) the index of the row's next iteration
