@@ -197,10 +197,8 @@ class BlockScorer:
         block's attention spanning ``end`` positions) and drafts from the state at its last
         token (the same values); None where the fused layers do not take that block whole."""
         dec = self.decoder
-        tables = dec.input_tables
-        like = lengths if last is None else last
-        if (like.device.type != "cpu" or (last is not None and last.dtype != torch.float32) or tables is None
-                or tables[0].dtype != torch.float32):
+        tables = dec.native_input_tables(lengths.device)
+        if tables is None or (last is not None and last.dtype != torch.float32):
             return None
         head = dec.fused_head(lengths.size(0))
         if head is None or longest + steps - 1 > cache.capacity:

@@ -114,8 +114,9 @@ _LOADED: Optional[Any] = None  # the module, once ``load`` has loaded it in this
 def loaded() -> Optional[Any]:
     """The extension module where this process has loaded it already (``load``: a
     generator on the ``gemv`` or ``bf16`` kernels), else None; never a build. For the
-    kernels whose fallback gives the same results (``top1``, ``top_gap``) or the same to float
-    tolerance (``ensemble_confidence``: as close as the gemv kernels' logits are to torch's)."""
+    kernels whose fallback gives the same results (``top1``, ``top_gap``, ``feed_width``,
+    ``idle_observe``) or the same to float tolerance (``ensemble_confidence``: as close as the
+    gemv kernels' logits are to torch's)."""
     return _LOADED
 
 
