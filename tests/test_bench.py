@@ -375,9 +375,9 @@ def test_bf16_drafter_rows_skipped_where_their_kernel_cannot_run(monkeypatch):
     from cmasd.tools.bench.cli import without_missing_engines
 
     rows = resolve_configs("greedy,specdec-k5-exact-sl2000,specdec-k5-exact-sl2000-bf16,cmasd-k8-sl2000-bf16,"
-                           "ar-g4-exact-sl2000-bf16")
+                           "ar-g4-exact-sl2000-bf16,goodput-ar-sl2000-bf16")
     bf16 = [c.name for c in rows if c.overrides.get("spec_drafter_quantize") == "bf16"]
-    assert len(bf16) == 3
+    assert len(bf16) == 4
     monkeypatch.setattr(extension, "load", lambda: (object(), None))
     assert without_missing_engines(rows, torch.device("cpu")) == (list(rows), [])
     kept, skipped = without_missing_engines(rows, torch.device("cuda"))

@@ -193,7 +193,8 @@ def test_the_bench_rows_reach_the_options():
     assert (both.spec_drafter_quantize, both.spec_draft_shortlist) == ("int8", 2000)
     for name, plain in (("ar-g4-exact-sl2000", "ar-g4-exact"), ("ar-g4-exact-int8", "ar-g4-exact"),
                         ("ar-g4-exact-int8-sl2000", "ar-g4-exact"), ("ar-g4-exact-sl2000-bf16", "ar-g4-exact"),
-                        ("specdec-k5-exact-sl2000-bf16", "specdec-k5-exact"), ("cmasd-k8-sl2000-bf16", "cmasd-k8")):
+                        ("specdec-k5-exact-sl2000-bf16", "specdec-k5-exact"), ("cmasd-k8-sl2000-bf16", "cmasd-k8"),
+                        ("goodput-ar-sl2000-bf16", "goodput-ar")):
         mine, base = spec_options(CONFIGS[name], {}, {}), spec_options(CONFIGS[plain], {}, {})
         changed = {k for k in vars(mine) if getattr(mine, k) != getattr(base, k)}
         assert changed <= {"spec_draft_shortlist", "spec_drafter_quantize"}, name

@@ -253,6 +253,9 @@ CONFIGS: Dict[str, BenchConfig] = {
                     "(lossless)", AR, GOODPUT, drafter="ar"),
         speculative("goodput-ar-sl2000", "goodput-ar with the 2,000-piece shortlist (lossless)", AR, GOODPUT,
                     SHORTLIST, drafter="ar"),
+        speculative("goodput-ar-sl2000-bf16", "goodput-ar-sl2000 with the draft model on bfloat16 weights "
+                    "(--spec-drafter-quantize bf16, CPU; its costs measured so; lossless)", AR, GOODPUT, SHORTLIST,
+                    BF16, drafter="ar"),
         speculative("goodput-ar-history", "goodput-ar with history drafts in front (--spec-history-ngram 3; "
                     "lossless)", AR, GOODPUT, HISTORY, drafter="ar"),
         speculative("ar-g4-exact-static", "ar-g4-exact with a static block (--spec-verify static: every row's "
